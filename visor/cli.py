@@ -1,0 +1,148 @@
+"""Command-line entry point: parse arguments, call one function per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from visor import __version__
+from visor.wire.framer import DEFAULT_MAX_MESSAGE_BYTES
+
+
+class _StderrParser(argparse.ArgumentParser):
+    """`visor run` owns stdout for the protocol: even its help goes to stderr."""
+
+    def print_help(self, file: object = None) -> None:
+        super().print_help(sys.stderr)
+
+    def print_usage(self, file: object = None) -> None:
+        super().print_usage(sys.stderr)
+
+
+def visor_home() -> Path:
+    return Path(os.environ.get("VISOR_HOME") or Path.home() / ".visor")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    run = sub.add_parser(
+        "run",
+        help="run an MCP server behind Visor (stdio)",
+        usage="visor run [OPTIONS] -- COMMAND [ARGS...]",
+        description="Start COMMAND as an MCP server and relay its stdio through Visor's checks.",
+    )
+    run.__class__ = _StderrParser
+    run.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
+    run.add_argument("--audit-log", metavar="FILE", help="audit log (default: $VISOR_HOME/audit.jsonl)")
+    run.add_argument("--server-name", metavar="NAME", default="", help="server name the policy refers to")
+    run.add_argument(
+        "--max-message-bytes",
+        metavar="N",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="largest message accepted in either direction (default 16 MiB)",
+    )
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--log-format", default="console", choices=["json", "console"])
+    run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
+    run.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from visor.run import run_command
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print(
+            "visor run: no server command given; usage: visor run [OPTIONS] -- COMMAND [ARGS...]",
+            file=sys.stderr,
+        )
+        return 2
+    return run_command(args, command)
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"visor {__version__}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from visor.demo.runner import run_demo
+
+    return run_demo(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from visor.bench.runner import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="visor", description="A deterministic action boundary for MCP tool calls."
+    )
+    parser.add_argument("--version", action="version", version=f"visor {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+    _add_run(sub)
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+    demo = sub.add_parser("demo", help="run the built-in demonstration")
+    demo.add_argument("--keep", metavar="DIR", help="keep the workspace, log and review pack in DIR")
+    demo.set_defaults(func=_cmd_demo)
+    bench = sub.add_parser("bench", help="measure Visor against a direct connection and a byte relay")
+    bench.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
+    bench.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
+    bench.set_defaults(func=_cmd_bench)
+    for register in _optional_registrations():
+        register(sub)
+    return parser
+
+
+def _optional_registrations() -> list:  # type: ignore[type-arg]
+    registrations = []
+    try:
+        from visor.policy.commands import register as policy_register
+
+        registrations.append(policy_register)
+    except ImportError:
+        pass
+    try:
+        from visor.audit.commands import register as audit_register
+
+        registrations.append(audit_register)
+    except ImportError:
+        pass
+    return registrations
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "run":
+        # Protect the wire before anything can print: from here on, fd 1 is
+        # stderr for everyone but the relay, which keeps a private copy.
+        from visor.run import protect_stdio
+
+        protect_stdio()
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

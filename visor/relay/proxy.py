@@ -1,0 +1,597 @@
+"""The asyncio session: two pumps, correlation tables, shutdown.
+
+Both directions are driven by protocol callbacks rather than tasks: bytes
+arrive in `data_received`, go through the framer and the validator, and are
+written out in the same callback unless a verdict needs an async step (an
+audit commit, an approval). An `Outbox` keeps the order of writes in each
+direction even then. Back-pressure is transport flow control: when the
+server's stdin (or the client's stdout) buffers past its high-water mark,
+reading from the other side pauses until it drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from visor.gate import Answer, CallContext, Deferred, Drop, Forward, Gate
+from visor.logs import get_logger
+from visor.relay import upstream as upstream_mod
+from visor.wire import errors
+from visor.wire.framer import Framer, Line, Oversize, Truncated
+from visor.wire.message import Kind, Message, Rejected, classify
+
+log = get_logger("visor.relay")
+
+_MISSING = object()
+_READ_CHUNK = 256 * 1024
+_MODERN_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+_MODERN_CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    server_name: str = ""
+    max_message_bytes: int = 16 * 1024 * 1024
+    shutdown_grace: float = 5.0
+    term_grace: float = 2.0
+    max_pending: int = 10_000
+    # Entries waiting in one direction's outbox before reading pauses.
+    max_backlog: int = 4096
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    method: str
+    msg: Message | None
+    tool: str | None
+    started: float
+    forwarded: bool
+
+
+@dataclass(slots=True)
+class ProtocolState:
+    """What the relay learns about the session from the traffic itself."""
+
+    protocol_version: str | None = None
+    client_capabilities: dict[str, Any] | None = None
+    client_info: dict[str, Any] | None = None
+    initialized: bool = False
+    client_pending: dict[Any, PendingRequest] = field(default_factory=dict)
+    server_pending: dict[Any, str] = field(default_factory=dict)
+
+
+class Outbox:
+    """Writes whole lines to a transport in the order they were submitted."""
+
+    __slots__ = ("_loop", "_on_idle", "_queue", "_transport")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.WriteTransport) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._queue: collections.deque[asyncio.Future[bytes | None]] = collections.deque()
+        self._on_idle: list[Callable[[], None]] = []
+
+    def write(self, line: bytes) -> None:
+        if self._queue:
+            fut: asyncio.Future[bytes | None] = self._loop.create_future()
+            fut.set_result(line)
+            self._queue.append(fut)
+        elif not self._transport.is_closing():
+            self._transport.writelines((line, b"\n"))
+
+    def write_later(self, fut: asyncio.Future[bytes | None]) -> None:
+        self._queue.append(fut)
+        fut.add_done_callback(self._flush)
+
+    @property
+    def backlog(self) -> int:
+        return len(self._queue)
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        if self._queue:
+            self._on_idle.append(callback)
+        else:
+            callback()
+
+    def _flush(self, _: object = None) -> None:
+        queue = self._queue
+        transport = self._transport
+        while queue and queue[0].done():
+            fut = queue.popleft()
+            if fut.cancelled():
+                continue
+            exc = fut.exception()
+            if exc is not None:
+                log.error("outbox_entry_failed", error=repr(exc))
+                continue
+            data = fut.result()
+            if data is not None and not transport.is_closing():
+                transport.writelines((data, b"\n"))
+        if not queue and self._on_idle:
+            callbacks, self._on_idle = self._on_idle, []
+            for cb in callbacks:
+                cb()
+
+
+class _ReadProtocol(asyncio.Protocol):
+    def __init__(self, on_data: Callable[[bytes], None], on_eof: Callable[[], None]) -> None:
+        self._on_data = on_data
+        self._on_eof = on_eof
+        self._ended = False
+
+    def data_received(self, data: bytes) -> None:
+        self._on_data(data)
+
+    def eof_received(self) -> bool:
+        self._end()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._on_eof()
+
+
+class _WriteProtocol(asyncio.Protocol):
+    def __init__(
+        self, pause: Callable[[], None], resume: Callable[[], None], lost: Callable[[], None]
+    ) -> None:
+        self._pause = pause
+        self._resume = resume
+        self._lost = lost
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def pause_writing(self) -> None:
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._lost()
+
+
+class _FileWriteTransport(asyncio.WriteTransport):
+    """Stdout redirected to a regular file: writes cannot block for long, so write directly."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.write(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+class Relay:
+    """One `visor run` session between a client's pipes and a server's."""
+
+    def __init__(self, argv: list[str], config: RelayConfig, gate: Gate) -> None:
+        self.argv = argv
+        self.config = config
+        self.gate = gate
+        self.state = ProtocolState()
+        self._client_framer = Framer(config.max_message_bytes)
+        self._server_framer = Framer(config.max_message_bytes)
+        self._client_closed = False
+        self._server_closed = False
+        self._stopping = False
+        self._pause_reasons: set[str] = set()
+
+    # ------------------------------------------------------------------ setup
+    async def run(self, client_in_fd: int, client_out_fd: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._server_eof = loop.create_future()
+        self._upstream = await upstream_mod.spawn(self.argv)
+        try:
+            await self._connect(loop, client_in_fd, client_out_fd)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            returncode = await self._lifecycle()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            upstream_mod.kill_group(self._upstream.pid)
+        return upstream_mod.exit_status(returncode)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, client_in_fd: int, client_out_fd: int) -> None:
+        up = self._upstream
+        self._server_in_proto = _WriteProtocol(
+            lambda: self._pause_client("server_stdin"),
+            lambda: self._resume_client("server_stdin"),
+            self._on_server_stdin_lost,
+        )
+        server_in, _ = await loop.connect_write_pipe(
+            lambda: self._server_in_proto, os.fdopen(up.stdin_fd, "wb", 0)
+        )
+        self._server_in = server_in
+        server_out, _ = await loop.connect_read_pipe(
+            lambda: _ReadProtocol(self._on_server_data, self._on_server_eof), os.fdopen(up.stdout_fd, "rb", 0)
+        )
+        self._server_out = server_out
+
+        if stat.S_ISREG(os.fstat(client_out_fd).st_mode):
+            client_out: asyncio.WriteTransport = _FileWriteTransport(client_out_fd)
+            self._client_out_proto: _WriteProtocol | None = None
+        else:
+            self._client_out_proto = _WriteProtocol(
+                lambda: self._pause_server("client_stdout"),
+                lambda: self._resume_server("client_stdout"),
+                self._on_client_gone,
+            )
+            client_out, _ = await loop.connect_write_pipe(
+                lambda: self._client_out_proto, os.fdopen(client_out_fd, "wb", 0)
+            )
+        self._client_out = client_out
+        self.to_server = Outbox(loop, server_in)
+        self.to_client = Outbox(loop, client_out)
+
+        if stat.S_ISREG(os.fstat(client_in_fd).st_mode):
+            self._client_in: asyncio.ReadTransport | None = None
+            loop.create_task(self._read_file(client_in_fd))
+        else:
+            self._client_in, _ = await loop.connect_read_pipe(
+                lambda: _ReadProtocol(self._on_client_data, self._on_client_eof),
+                os.fdopen(client_in_fd, "rb", 0),
+            )
+
+    async def _read_file(self, fd: int) -> None:
+        # A regular file cannot be watched by the event loop; read it in a thread.
+        while True:
+            data = await self._loop.run_in_executor(None, os.read, fd, _READ_CHUNK)
+            if not data:
+                break
+            self._on_client_data(data)
+            while self._pause_reasons and not self._client_closed:
+                await asyncio.sleep(0.001)
+        self._on_client_eof()
+
+    async def _lifecycle(self) -> int:
+        await self._server_eof
+        up = self._upstream
+        returncode = await upstream_mod.stop(up, self.config.shutdown_grace, self.config.term_grace)
+        await self._close_client_out()
+        log.info("session_end", returncode=returncode)
+        return returncode
+
+    async def _close_client_out(self) -> None:
+        done = self._loop.create_future()
+        self.to_client.when_idle(lambda: done.done() or done.set_result(None))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done, 5.0)
+        self._client_out.close()
+        if self._client_out_proto is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._client_out_proto.closed), 5.0)
+
+    # ----------------------------------------------------------- flow control
+    def _pause_client(self, reason: str) -> None:
+        if not self._pause_reasons and self._client_in is not None:
+            self._client_in.pause_reading()
+        self._pause_reasons.add(reason)
+
+    def _resume_client(self, reason: str) -> None:
+        self._pause_reasons.discard(reason)
+        if not self._pause_reasons and self._client_in is not None and not self._client_closed:
+            self._client_in.resume_reading()
+
+    def _pause_server(self, reason: str) -> None:
+        self._server_out.pause_reading()
+
+    def _resume_server(self, reason: str) -> None:
+        if not self._server_closed:
+            self._server_out.resume_reading()
+
+    # ------------------------------------------------------ client -> server
+    def _on_client_data(self, data: bytes) -> None:
+        if self._client_closed:
+            return
+        for event in self._client_framer.feed(data):
+            if type(event) is Line:
+                self._client_line(event.data)
+            else:
+                self._client_frame_problem(event)
+        if self.to_server.backlog > self.config.max_backlog:
+            self._pause_client("backlog")
+            self.to_server.when_idle(lambda: self._resume_client("backlog"))
+
+    def _client_frame_problem(self, event: Oversize | Truncated) -> None:
+        if type(event) is Oversize:
+            log.warning("client_message_too_large", size=event.size, limit=self.config.max_message_bytes)
+            self.on_reject("client", "message larger than the limit", None)
+            self.to_client.write(
+                errors.error_response(
+                    None, errors.INVALID_REQUEST, f"message larger than {self.config.max_message_bytes} bytes"
+                )
+            )
+        else:
+            log.warning("client_partial_line_at_eof", size=event.size)
+            self.on_reject("client", "stream ended inside a message", None)
+
+    def _client_line(self, line: bytes) -> None:
+        if not line.strip(b" \t"):
+            return
+        msg = classify(line)
+        if type(msg) is Rejected:
+            self._reject_client(msg)
+            return
+        kind = msg.kind
+        if kind is Kind.REQUEST:
+            self._client_request(msg)
+        elif kind is Kind.NOTIFICATION:
+            self._client_notification(msg)
+        else:
+            self._client_response(msg)
+
+    def _reject_client(self, rej: Rejected) -> None:
+        log.warning("client_message_rejected", reason=rej.reason, code=rej.code, method=rej.method)
+        self.on_reject("client", rej.reason, rej)
+        for msg_id in rej.reply_ids:
+            self.to_client.write(errors.error_response(msg_id, rej.code, rej.reason))
+        if rej.reply_null:
+            self.to_client.write(errors.error_response(None, rej.code, rej.reason))
+
+    def _client_request(self, msg: Message) -> None:
+        state = self.state
+        pending = state.client_pending
+        if msg.id in pending:
+            self._reject_client(
+                Rejected(
+                    errors.INVALID_REQUEST,
+                    "id is already in use by a request in flight",
+                    (msg.id,),
+                    method=msg.method,
+                )
+            )
+            return
+        if len(pending) >= self.config.max_pending:
+            self.to_client.write(
+                errors.error_response(msg.id, errors.INTERNAL_ERROR, "too many requests in flight")
+            )
+            return
+        method = msg.method
+        assert method is not None
+        if method == "tools/call":
+            self._client_tool_call(msg)
+            return
+        if method == "initialize":
+            self._note_initialize(msg)
+        pending[msg.id] = PendingRequest(method, None, None, time.perf_counter(), True)
+        self.to_server.write(msg.raw)
+
+    def _client_tool_call(self, msg: Message) -> None:
+        ctx = self._call_context(msg)
+        entry = PendingRequest("tools/call", msg, msg.tool, time.perf_counter(), False)
+        pending = self.state.client_pending
+        pending[msg.id] = entry
+        verdict = self.gate.on_tool_call(msg, ctx)
+        if type(verdict) is Forward:
+            entry.forwarded = True
+            self.to_server.write(verdict.line)
+        elif type(verdict) is Answer:
+            del pending[msg.id]
+            self.to_client.write(verdict.line)
+        else:
+            assert type(verdict) is Deferred
+            self._defer(msg, entry, verdict)
+
+    def _defer(self, msg: Message, entry: PendingRequest, verdict: Deferred) -> None:
+        loop = self._loop
+        out: asyncio.Future[bytes | None] = loop.create_future()
+
+        def settle(fut: asyncio.Future[Forward | Answer | Drop]) -> None:
+            result: Forward | Answer | Drop
+            if fut.cancelled():
+                result = Drop()
+            elif fut.exception() is not None:
+                log.error("gate_failed", error=repr(fut.exception()), tool=msg.tool)
+                result = Answer(
+                    errors.tool_error_result(msg.id, "Visor denied this call: internal error", modern=False)
+                )
+            else:
+                result = fut.result()
+            if type(result) is Forward and self.state.client_pending.get(msg.id) is entry:
+                entry.forwarded = True
+                out.set_result(result.line)
+                return
+            if self.state.client_pending.get(msg.id) is entry:
+                del self.state.client_pending[msg.id]
+            if type(result) is Answer:
+                self.to_client.write(result.line)
+            out.set_result(None)
+
+        verdict.future.add_done_callback(settle)
+        if verdict.ordered:
+            self.to_server.write_later(out)
+        else:
+            out.add_done_callback(lambda f: f.result() is not None and self.to_server.write(f.result()))
+
+    def _call_context(self, msg: Message) -> CallContext:
+        params = msg.obj.get("params") or {}
+        meta = params.get("_meta") if type(params) is dict else None
+        version = self.state.protocol_version
+        caps = self.state.client_capabilities
+        token = None
+        if type(meta) is dict:
+            version = meta.get(_MODERN_VERSION_KEY, version)
+            if type(meta.get(_MODERN_CAPS_KEY)) is dict:
+                caps = meta[_MODERN_CAPS_KEY]
+            token = meta.get("progressToken")
+        return CallContext(
+            modern=version in errors.MODERN_PROTOCOL_VERSIONS, client_capabilities=caps, progress_token=token
+        )
+
+    def _note_initialize(self, msg: Message) -> None:
+        params = msg.obj.get("params") or {}
+        caps = params.get("capabilities")
+        if type(caps) is dict:
+            self.state.client_capabilities = caps
+        if type(params.get("clientInfo")) is dict:
+            self.state.client_info = params["clientInfo"]
+
+    def _client_notification(self, msg: Message) -> None:
+        if msg.method == "notifications/cancelled":
+            params = msg.obj.get("params") or {}
+            target = params.get("requestId", _MISSING)
+            entry = self.state.client_pending.get(target) if target is not _MISSING else None
+            if entry is None or not entry.forwarded:
+                # The server never saw that request: there is nothing for it to
+                # cancel, but a call waiting in Visor stops waiting.
+                if entry is not None:
+                    self.gate.cancel(target)
+                log.info("cancel_absorbed", request_id=repr(target))
+                return
+        elif msg.method == "notifications/initialized":
+            self.state.initialized = True
+        self.to_server.write(msg.raw)
+
+    def _client_response(self, msg: Message) -> None:
+        method = self.state.server_pending.pop(msg.id, None)
+        if method is None:
+            log.warning("client_response_unmatched", id=repr(msg.id))
+            self.on_reject("client", "response to no request the server sent", None)
+            return
+        self.to_server.write(msg.raw)
+
+    def _on_client_eof(self) -> None:
+        if self._client_closed:
+            return
+        for event in self._client_framer.eof():
+            self._client_frame_problem(event)
+        self._client_closed = True
+        log.info("client_closed")
+        self._begin_shutdown()
+
+    def _on_client_gone(self) -> None:
+        # The client stopped reading our stdout: nobody can receive answers.
+        if not self._client_closed:
+            self._client_closed = True
+            if self._client_in is not None:
+                self._client_in.close()
+            self._begin_shutdown()
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("signal_received", signal=signal.Signals(sig).name)
+        if self._client_in is not None and not self._client_closed:
+            self._client_in.pause_reading()
+        self._client_closed = True
+        self._begin_shutdown()
+
+    def _begin_shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        # Everything already accepted reaches the server before its stdin closes.
+        self.to_server.when_idle(self._server_in.close)
+        self._loop.create_task(self._escalate_if_stuck())
+
+    async def _escalate_if_stuck(self) -> None:
+        # The server may keep stdout open after its stdin closed; stop it in order.
+        await upstream_mod.stop(self._upstream, self.config.shutdown_grace, self.config.term_grace)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._server_eof), 1.0)
+        if not self._server_eof.done():
+            self._server_out.close()
+            self._server_eof.set_result(None)
+
+    def _on_server_stdin_lost(self) -> None:
+        if not self._stopping:
+            log.info("server_stdin_closed")
+
+    # ------------------------------------------------------ server -> client
+    def _on_server_data(self, data: bytes) -> None:
+        for event in self._server_framer.feed(data):
+            if type(event) is Line:
+                self._server_line(event.data)
+            else:
+                log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
+
+    def _server_line(self, line: bytes) -> None:
+        if not line.strip(b" \t"):
+            return
+        msg = classify(line)
+        if type(msg) is Rejected:
+            log.warning("server_message_rejected", reason=msg.reason, code=msg.code)
+            self.on_reject("server", msg.reason, msg)
+            return
+        kind = msg.kind
+        if kind is Kind.RESPONSE:
+            self._server_response(msg)
+        elif kind is Kind.REQUEST:
+            pending = self.state.server_pending
+            if msg.id in pending:
+                log.warning("server_request_duplicate_id", id=repr(msg.id))
+                return
+            pending[msg.id] = msg.method  # type: ignore[assignment]
+            self.to_client.write(msg.raw)
+        else:
+            if msg.method == "notifications/cancelled":
+                params = msg.obj.get("params") or {}
+                self.state.server_pending.pop(params.get("requestId", _MISSING), None)
+            self.to_client.write(msg.raw)
+
+    def _server_response(self, msg: Message) -> None:
+        entry = self.state.client_pending.get(msg.id, _MISSING)
+        if entry is _MISSING or not entry.forwarded:  # type: ignore[union-attr]
+            log.warning("server_response_unmatched", id=repr(msg.id))
+            self.on_reject("server", "response to no request the client sent", None)
+            return
+        del self.state.client_pending[msg.id]
+        assert isinstance(entry, PendingRequest)
+        replacement: bytes | None = None
+        if entry.method == "tools/call":
+            replacement = self.gate.on_tool_result(entry.msg, entry.tool, msg)
+        elif entry.method == "tools/list":
+            replacement = self.gate.on_tools_list(msg)
+        elif entry.method == "initialize":
+            result = msg.obj.get("result")
+            if type(result) is dict and type(result.get("protocolVersion")) is str:
+                self.state.protocol_version = result["protocolVersion"]
+        self.to_client.write(msg.raw if replacement is None else replacement)
+
+    def _on_server_eof(self) -> None:
+        if self._server_closed:
+            return
+        self._server_closed = True
+        for event in self._server_framer.eof():
+            log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
+        log.info("server_stdout_closed")
+        if not self._server_eof.done():
+            self._server_eof.set_result(None)
+        if not self._stopping:
+            self._stopping = True
+            self.to_server.when_idle(self._server_in.close)
+
+    # ------------------------------------------------------------- evidence
+    def on_reject(self, direction: str, reason: str, rej: Rejected | None) -> None:
+        """Hook for the audit log; the relay itself only logs."""

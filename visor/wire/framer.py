@@ -1,0 +1,135 @@
+"""Sans-I/O newline framing for the MCP stdio transport.
+
+`Framer.feed(bytes)` returns the complete lines in the data fed so far; it
+never touches a file descriptor, so every edge case is a unit test. Memory is
+bounded by `max_bytes`: a line that grows past it is discarded while it
+streams in, and reported once as `Oversize` when its end arrives (or at EOF).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One complete line, without its `\\n` and without one trailing `\\r`."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A line longer than the limit was discarded; nothing of it is forwarded."""
+
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Truncated:
+    """The stream ended in the middle of a line; the partial line is discarded."""
+
+    size: int
+
+
+FrameEvent = Line | Oversize | Truncated
+
+
+class Framer:
+    """Split a byte stream into lines, whatever the chunking."""
+
+    __slots__ = ("_buf", "_discarded", "_discarding", "_max", "_scan_from")
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
+        self._max = max_bytes
+        self._buf = bytearray()
+        # Where to resume the search for b"\n": bytes before it are known to
+        # hold none, so a long line is scanned once, not once per chunk.
+        self._scan_from = 0
+        self._discarding = False
+        self._discarded = 0
+
+    def feed(self, data: bytes) -> list[FrameEvent]:
+        events: list[FrameEvent] = []
+        if self._discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._discarded += len(data)
+                return events
+            events.append(Oversize(self._discarded + nl))
+            self._discarding = False
+            self._discarded = 0
+            data = data[nl + 1 :]
+        buf = self._buf
+        if not buf:
+            # Fast path: most chunks hold whole lines; split without copying
+            # into the buffer first.
+            start = 0
+            while True:
+                nl = data.find(b"\n", start)
+                if nl < 0:
+                    break
+                self._emit(events, data[start:nl])
+                start = nl + 1
+            rest = data[start:]
+            if rest:
+                self._hold(events, rest)
+            return events
+        buf += data
+        start = 0
+        scan = self._scan_from
+        while True:
+            nl = buf.find(b"\n", scan)
+            if nl < 0:
+                break
+            self._emit(events, bytes(buf[start:nl]))
+            start = scan = nl + 1
+        if start:
+            del buf[:start]
+        self._scan_from = len(buf)
+        if len(buf) > self._max:
+            self._start_discard(len(buf))
+        return events
+
+    def eof(self) -> list[FrameEvent]:
+        """End of stream: a partial line is reported, never returned as a line."""
+        events: list[FrameEvent] = []
+        if self._discarding:
+            events.append(Oversize(self._discarded))
+        elif self._buf:
+            events.append(Truncated(len(self._buf)))
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._discarding = False
+        self._discarded = 0
+        return events
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete line (bounded by the limit)."""
+        return len(self._buf)
+
+    def _emit(self, events: list[FrameEvent], line: bytes) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if len(line) > self._max:
+            events.append(Oversize(len(line)))
+        else:
+            events.append(Line(line))
+
+    def _hold(self, events: list[FrameEvent], rest: bytes) -> None:
+        if len(rest) > self._max:
+            self._start_discard(len(rest))
+            return
+        self._buf = bytearray(rest)
+        self._scan_from = len(rest)
+
+    def _start_discard(self, size: int) -> None:
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._discarding = True
+        self._discarded = size

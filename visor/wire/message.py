@@ -1,0 +1,314 @@
+"""Strict JSON-RPC 2.0 classification of one framed line.
+
+`classify(line)` parses once (orjson) and returns a `Message` or a
+`Rejected`. It is pure: the relay decides what to do with a rejection in each
+direction. Everything that is not unambiguous JSON-RPC is refused, because a
+message that two parsers read differently is a message that can say one thing
+to Visor and another to the server.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from visor.wire import errors
+
+JsonId = str | int
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+_BOM = b"\xef\xbb\xbf"
+_REQUEST_KEYS = frozenset(("jsonrpc", "id", "method", "params"))
+_NOTIFICATION_KEYS = frozenset(("jsonrpc", "method", "params"))
+_RESPONSE_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
+
+
+class Kind(enum.Enum):
+    REQUEST = "request"
+    NOTIFICATION = "notification"
+    RESPONSE = "response"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A valid JSON-RPC message. `raw` is the exact line it came from."""
+
+    kind: Kind
+    raw: bytes
+    obj: dict[str, Any]
+    id: JsonId | None = None
+    method: str | None = None
+    # For tools/call requests only, already checked for shape.
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A line that must not be forwarded.
+
+    `reply_ids` are the ids to answer with an error; `reply_null` asks for a
+    single error with id null (JSON-RPC's answer when no id can be trusted).
+    Neither means the line is dropped without an answer.
+    """
+
+    code: int
+    reason: str
+    reply_ids: tuple[JsonId, ...] = ()
+    reply_null: bool = False
+    method: str | None = None
+    tool: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        return bool(self.reply_ids) or self.reply_null
+
+
+def is_valid_id(value: object) -> bool:
+    # bool is a subclass of int in Python; JSON true/false is never an id.
+    t = type(value)
+    if t is str:
+        return True
+    return t is int and INT64_MIN <= value <= INT64_MAX  # type: ignore[operator]
+
+
+def classify(line: bytes) -> Message | Rejected:
+    """Classify one line (without its newline). Never raises."""
+    if b"\r" in line:
+        # A peer that splits lines on CR (universal newlines) would read
+        # different messages from the same bytes.
+        return Rejected(errors.PARSE_ERROR, "raw carriage return inside a line", reply_null=True)
+    if line.startswith(_BOM):
+        return Rejected(errors.PARSE_ERROR, "byte order mark before the message", reply_null=True)
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return Rejected(errors.PARSE_ERROR, f"not valid JSON: {exc}", reply_null=True)
+    if type(obj) is list:
+        return _reject_batch(obj)
+    if type(obj) is not dict:
+        return Rejected(errors.INVALID_REQUEST, "a message must be a JSON object", reply_null=True)
+    problem = duplicate_key_problem(obj, line)
+    if problem is not None:
+        return _reject_duplicates(line, problem)
+    return _classify_object(obj, line)
+
+
+def _classify_object(obj: dict[str, Any], line: bytes) -> Message | Rejected:
+    has_id = "id" in obj
+    msg_id = obj.get("id")
+    id_ok = has_id and is_valid_id(msg_id)
+    method = obj.get("method")
+    reply: tuple[JsonId, ...] = (msg_id,) if id_ok else ()  # type: ignore[assignment]
+
+    if obj.get("jsonrpc") != "2.0":
+        return Rejected(
+            errors.INVALID_REQUEST, 'jsonrpc must be exactly "2.0"', reply, not id_ok, _str_or_none(method)
+        )
+
+    if "method" in obj:
+        if type(method) is not str:
+            return Rejected(errors.INVALID_REQUEST, "method must be a string", reply, not id_ok)
+        if has_id and not id_ok:
+            return Rejected(errors.INVALID_REQUEST, _bad_id_reason(msg_id), (), True, method)
+        allowed = _REQUEST_KEYS if has_id else _NOTIFICATION_KEYS
+        extra = obj.keys() - allowed
+        if extra:
+            return Rejected(
+                errors.INVALID_REQUEST, f"unexpected member {sorted(extra)[0]!r}", reply, not id_ok, method
+            )
+        params = obj.get("params")
+        if "params" in obj and type(params) is not dict:
+            return Rejected(errors.INVALID_REQUEST, "params must be an object", reply, not id_ok, method)
+        if method == "tools/call":
+            return _classify_tool_call(obj, line, params, msg_id if has_id else None, has_id)
+        kind = Kind.REQUEST if has_id else Kind.NOTIFICATION
+        return Message(kind, line, obj, msg_id, method)
+
+    # No method: a response.
+    if not has_id:
+        return Rejected(errors.INVALID_REQUEST, "neither a request nor a response", reply_null=True)
+    if msg_id is not None and not id_ok:
+        return Rejected(errors.INVALID_REQUEST, _bad_id_reason(msg_id), reply_null=True)
+    extra = obj.keys() - _RESPONSE_KEYS
+    if extra:
+        return Rejected(errors.INVALID_REQUEST, f"unexpected member {sorted(extra)[0]!r}")
+    has_result = "result" in obj
+    has_error = "error" in obj
+    if has_result == has_error:
+        return Rejected(errors.INVALID_REQUEST, "a response needs exactly one of result and error")
+    if has_result and type(obj["result"]) is not dict:
+        return Rejected(errors.INVALID_REQUEST, "result must be an object")
+    if has_error:
+        err = obj["error"]
+        if type(err) is not dict or type(err.get("code")) is not int or type(err.get("message")) is not str:
+            return Rejected(
+                errors.INVALID_REQUEST, "error must be an object with an integer code and a message"
+            )
+    elif msg_id is None:
+        return Rejected(errors.INVALID_REQUEST, "a result needs a request id")
+    return Message(Kind.RESPONSE, line, obj, msg_id)
+
+
+def _classify_tool_call(
+    obj: dict[str, Any], line: bytes, params: Any, msg_id: Any, has_id: bool
+) -> Message | Rejected:
+    if not has_id:
+        # A notification gets no answer, so a tool call in that form would run
+        # with nobody told the verdict: never relayed, never answered.
+        return Rejected(errors.INVALID_REQUEST, "tools/call sent as a notification", method="tools/call")
+    name = params.get("name") if type(params) is dict else None
+    if type(name) is not str or not name:
+        return Rejected(
+            errors.INVALID_PARAMS, "params.name must be a non-empty string", (msg_id,), method="tools/call"
+        )
+    arguments = params.get("arguments", {})
+    if type(arguments) is not dict:
+        return Rejected(
+            errors.INVALID_PARAMS,
+            "params.arguments must be an object",
+            (msg_id,),
+            method="tools/call",
+            tool=name,
+        )
+    return Message(Kind.REQUEST, line, obj, msg_id, "tools/call", name, arguments)
+
+
+def _reject_batch(items: list[Any]) -> Rejected:
+    ids: list[JsonId] = []
+    for item in items:
+        if type(item) is dict and "method" in item and is_valid_id(item.get("id")):
+            ids.append(item["id"])
+    return Rejected(
+        errors.INVALID_REQUEST,
+        "batches are not accepted",
+        tuple(ids),
+        reply_null=not ids,
+    )
+
+
+def _reject_duplicates(line: bytes, problem: str) -> Rejected:
+    top = _top_level_pairs(line)
+    id_values = [v for k, v in top if k.casefold() == "id"]
+    methods = [v for k, v in top if k.casefold() == "method"]
+    method = methods[0] if len(methods) == 1 and type(methods[0]) is str else None
+    if len(id_values) == 1 and is_valid_id(id_values[0]) and methods:
+        return Rejected(errors.INVALID_REQUEST, problem, (id_values[0],), method=method)
+    # The id itself is in doubt: answering it could answer the wrong request.
+    return Rejected(errors.INVALID_REQUEST, problem, method=method)
+
+
+def _top_level_pairs(line: bytes) -> list[tuple[str, Any]]:
+    pairs: list[tuple[str, Any]] = []
+
+    def hook(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        return items
+
+    try:
+        top = json.loads(line, object_pairs_hook=hook)
+    except ValueError:
+        return pairs
+    if isinstance(top, list):
+        pairs = [p for p in top if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)]
+    return pairs
+
+
+def duplicate_key_problem(obj: Any, line: bytes) -> str | None:
+    """Say why `obj` (parsed from `line`) has duplicate keys, or None.
+
+    orjson keeps the last of duplicate keys, so duplicates are invisible in
+    `obj`. Without `\\u` escapes in the line every ':' in the text is either a
+    member separator or a literal ':' inside a string; so the number of
+    members in the text is the line's ':' count minus the ':' in the parsed
+    strings, and any duplicate makes the parsed key count smaller. With
+    escapes that count is not exact, so those lines take a slower, exact path.
+    """
+    if b"\\u" in line:
+        return _duplicate_key_problem_exact(line)
+    keys = 0
+    colons = 0
+    stack = [obj]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        node = pop()
+        if type(node) is dict:
+            n = len(node)
+            keys += n
+            if n > 1 and len({k.casefold() for k in node}) != n:
+                return "duplicate keys (equal after case folding)"
+            for k, v in node.items():
+                if ":" in k:
+                    colons += k.count(":")
+                tv = type(v)
+                if tv is str:
+                    if ":" in v:
+                        colons += v.count(":")
+                elif tv is dict or tv is list:
+                    push(v)
+        else:
+            for v in node:
+                tv = type(v)
+                if tv is str:
+                    if ":" in v:
+                        colons += v.count(":")
+                elif tv is dict or tv is list:
+                    push(v)
+    if line.count(b":") - colons != keys:
+        return "duplicate keys"
+    return None
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _duplicate_key_problem_exact(line: bytes) -> str | None:
+    def hook(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for k, _ in items:
+            folded = k.casefold()
+            if folded in seen:
+                raise _Duplicate(k)
+            seen.add(folded)
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=hook)
+    except _Duplicate:
+        return "duplicate keys"
+    except ValueError:
+        # orjson accepted what the standard library refuses: the two parsers
+        # disagree, which is reason enough to refuse the message.
+        return "the message parses differently in different JSON parsers"
+    return None
+
+
+def _bad_id_reason(value: object) -> str:
+    if type(value) is int:
+        return "id is outside the signed 64-bit range"
+    return f"id must be a string or an integer, not {_json_type(value)}"
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "a boolean"
+    if type(value) is float:
+        return "a number with a fraction or exponent"
+    if type(value) is dict:
+        return "an object"
+    if type(value) is list:
+        return "an array"
+    return type(value).__name__
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if type(value) is str else None
