@@ -15,7 +15,7 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check visor tests
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
 	$(BIN)/visor demo

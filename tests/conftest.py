@@ -1,0 +1,141 @@
+"""Shared fixtures: run `visor run` as a real subprocess over real pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+RECORDER = TESTS / "servers" / "recorder.py"
+
+
+class VisorProcess:
+    """`visor run` with the recorder (or any) server behind it, driven byte by byte."""
+
+    def __init__(
+        self, server: list[str], *, visor_args: list[str] | None = None, env: dict[str, str] | None = None
+    ):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "visor.cli", "run", *(visor_args or []), "--", *server],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+        )
+        self._lines: queue.Queue[bytes | None] = queue.Queue()
+        self.stderr_chunks: list[bytes] = []
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for chunk in self.proc.stderr:
+            self.stderr_chunks.append(chunk)
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self.stderr_chunks).decode(errors="replace")
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def request(self, obj: dict) -> None:
+        self.send(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+
+    def recv_raw(self, timeout: float = 10.0) -> bytes:
+        line = self._lines.get(timeout=timeout)
+        if line is None:
+            raise EOFError("visor closed its stdout")
+        return line
+
+    def recv(self, timeout: float = 10.0) -> dict:
+        return json.loads(self.recv_raw(timeout))
+
+    def no_output(self, wait: float = 0.3) -> bool:
+        try:
+            line = self._lines.get(timeout=wait)
+        except queue.Empty:
+            return True
+        self._lines.put(line)
+        return False
+
+    def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    def wait(self, timeout: float = 20.0) -> int:
+        return self.proc.wait(timeout)
+
+    def remaining_output(self, timeout: float = 10.0) -> list[bytes]:
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            out.append(line)
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def recorder_log(tmp_path: Path) -> Path:
+    return tmp_path / "received.jsonl"
+
+
+@pytest.fixture
+def visor(recorder_log: Path) -> Iterator[VisorProcess]:
+    vp = VisorProcess(
+        [sys.executable, str(RECORDER)],
+        env={"RECORDER_LOG": str(recorder_log)},
+        visor_args=["--audit-log", str(recorder_log.parent / "audit.jsonl")],
+    )
+    yield vp
+    vp.kill()
+
+
+def received(path: Path) -> list[bytes]:
+    """The lines the recorder server received, exactly."""
+    if not path.exists():
+        return []
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def sentinel(vp: VisorProcess, msg_id: int = 999_000) -> dict:
+    """A ping through the relay: once it is answered, everything before it was handled."""
+    vp.request({"jsonrpc": "2.0", "id": msg_id, "method": "ping"})
+    resp = vp.recv()
+    assert resp.get("id") == msg_id, resp
+    return resp
+
+
+@pytest.fixture(autouse=True)
+def _visor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests never touch the real ~/.visor.
+    monkeypatch.setenv("VISOR_HOME", str(tmp_path / "visor-home"))

@@ -1,0 +1,125 @@
+"""The real MCP SDK client through `visor run`: everything works exactly as without Visor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import ClientSession
+
+from tests.integration.sdk_scenario import direct_params, sdk_server_scenario, visor_params
+
+SDK_SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_server.py")]
+
+
+def test_sdk_server_through_visor_matches_direct(tmp_path: Path) -> None:
+    direct = anyio.run(sdk_server_scenario, direct_params(SDK_SERVER))
+    proxied = anyio.run(
+        sdk_server_scenario,
+        visor_params(SDK_SERVER, ["--server-name", "test", "--audit-log", str(tmp_path / "audit.jsonl")]),
+    )
+    assert proxied == direct
+    # The scenario really exercised what it claims to.
+    assert direct["add"]["structuredContent"] == {"result": 42}
+    assert direct["weather"]["structuredContent"]["tags"] == ["sunny", "ünïcode"]
+    assert direct["with_meta"]["_meta"]["example.org/trace"]["id"] == 9007199254740993
+    assert direct["confirm"]["content"][0]["text"] == "accepted ok=True"
+    assert len(direct["progress"]) == 3
+    assert direct["fail"]["isError"] is True
+
+
+def test_sdk_server_modern_protocol_through_visor(tmp_path: Path) -> None:
+    direct = anyio.run(sdk_server_scenario, direct_params(SDK_SERVER), True)
+    proxied = anyio.run(
+        sdk_server_scenario, visor_params(SDK_SERVER, ["--audit-log", str(tmp_path / "audit.jsonl")]), True
+    )
+    assert proxied == direct
+    assert direct["add"]["resultType"] == "complete"
+
+
+def _time_server() -> list[str]:
+    exe = Path(sys.executable).with_name("mcp-server-time")
+    if not exe.exists():
+        pytest.fail("mcp-server-time is not installed; `make test` installs it with the test extra")
+    return [str(exe), "--local-timezone", "UTC"]
+
+
+async def _time_scenario(params) -> dict:  # type: ignore[no-untyped-def]
+    from mcp import stdio_client
+
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        tools = await s.list_tools()
+        conv = await s.call_tool(
+            "convert_time",
+            {"source_timezone": "Europe/Paris", "time": "12:30", "target_timezone": "Asia/Tokyo"},
+        )
+        bad = await s.call_tool("get_current_time", {"timezone": "Not/AZone"})
+        return {
+            "tools": sorted(t.name for t in tools.tools),
+            "convert": conv.model_dump(mode="json", exclude_none=True)["structured_content"]
+            if conv.structured_content
+            else [c.text for c in conv.content],  # type: ignore[union-attr]
+            "bad_is_error": bad.is_error,
+        }
+
+
+def test_real_reference_server_time_through_visor(tmp_path: Path) -> None:
+    server = _time_server()
+    direct = anyio.run(_time_scenario, direct_params(server))
+    proxied = anyio.run(_time_scenario, visor_params(server, ["--audit-log", str(tmp_path / "a.jsonl")]))
+    assert proxied == direct
+    assert "convert_time" in direct["tools"]
+    assert direct["bad_is_error"] is True
+
+
+def _git_server() -> list[str]:
+    exe = Path(sys.executable).with_name("mcp-server-git")
+    if not exe.exists():
+        pytest.fail("mcp-server-git is not installed; `make test` installs it with the test extra")
+    return [str(exe)]
+
+
+async def _git_scenario(params, repo: str) -> dict:  # type: ignore[no-untyped-def]
+    from mcp import stdio_client
+
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        tools = await s.list_tools()
+        status = await s.call_tool("git_status", {"repo_path": repo})
+        log = await s.call_tool("git_log", {"repo_path": repo, "max_count": 5})
+        return {
+            "tools": sorted(t.name for t in tools.tools),
+            "status": [c.text for c in status.content],  # type: ignore[union-attr]
+            "log": [c.text for c in log.content],  # type: ignore[union-attr]
+        }
+
+
+def test_real_reference_server_git_through_visor(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.org",
+    }
+    import os
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.txt").write_text("hello\n")
+    subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "commit", "-qm", "first commit"], check=True, env={**os.environ, **env}
+    )
+    server = _git_server()
+    direct = anyio.run(_git_scenario, direct_params(server), str(repo))
+    proxied = anyio.run(
+        _git_scenario, visor_params(server, ["--audit-log", str(tmp_path / "a.jsonl")]), str(repo)
+    )
+    assert proxied == direct
+    assert any("first commit" in t for t in direct["log"])
+    assert "git_status" in direct["tools"]

@@ -1,0 +1,114 @@
+"""A raw-pipe MCP-ish server for wire tests: records every line it receives.
+
+It writes each received line, byte for byte, to the file named by
+RECORDER_LOG and answers requests without interpreting much, so tests can
+assert exactly what reached the server. Behaviour switches (env):
+RECORDER_IGNORE_TERM=1 ignores SIGTERM; RECORDER_EXIT_ON=<method> exits with
+status 3 when that method arrives; RECORDER_BIG=<n> makes `big` return n bytes.
+"""
+
+import json
+import os
+import signal
+import sys
+
+if os.environ.get("RECORDER_IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Stay alive after stdin closes too, like a server that never looks at EOF.
+    _LINGER = True
+else:
+    _LINGER = False
+
+if os.environ.get("RECORDER_PID_FILE"):
+    with open(os.environ["RECORDER_PID_FILE"], "w") as fh:
+        fh.write(str(os.getpid()))
+
+log_path = os.environ.get("RECORDER_LOG")
+log = open(log_path, "ab", buffering=0) if log_path else None  # noqa: SIM115
+out = sys.stdout.buffer
+
+TOOLS = [
+    {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}},
+    {"name": "send_email", "description": "Send mail", "inputSchema": {"type": "object"}},
+]
+
+
+def reply(obj: dict) -> None:
+    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+    out.flush()
+
+
+for raw in sys.stdin.buffer:
+    if log:
+        log.write(raw)
+    line = raw.strip()
+    if not line:
+        continue
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if not isinstance(msg, dict) or "method" not in msg:
+        continue
+    method = msg["method"]
+    if method == os.environ.get("RECORDER_EXIT_ON"):
+        sys.exit(3)
+    if "id" not in msg:
+        continue
+    mid = msg["id"]
+    params = msg.get("params") or {}
+    if method == "initialize":
+        reply(
+            {
+                "jsonrpc": "2.0",
+                "id": mid,
+                "result": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "recorder", "version": "1"},
+                },
+            }
+        )
+    elif method == "tools/list":
+        reply({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
+    elif method == "tools/call":
+        name = params.get("name")
+        if name == "big":
+            n = int(os.environ.get("RECORDER_BIG", "1048576"))
+            reply({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "x" * n}]}})
+        elif name == "ask_client":
+            # A server-to-client request, answered before the call returns.
+            reply(
+                {
+                    "jsonrpc": "2.0",
+                    "id": "srv-1",
+                    "method": "elicitation/create",
+                    "params": {"message": "ok?", "requestedSchema": {"type": "object", "properties": {}}},
+                }
+            )
+            answer = json.loads(sys.stdin.buffer.readline())
+            if log:
+                log.write(json.dumps(answer).encode() + b"\n")
+            reply(
+                {
+                    "jsonrpc": "2.0",
+                    "id": mid,
+                    "result": {"content": [{"type": "text", "text": json.dumps(answer)}]},
+                }
+            )
+        else:
+            reply(
+                {
+                    "jsonrpc": "2.0",
+                    "id": mid,
+                    "result": {
+                        "content": [{"type": "text", "text": json.dumps(params.get("arguments"))}],
+                        "isError": False,
+                    },
+                }
+            )
+    else:
+        reply({"jsonrpc": "2.0", "id": mid, "result": {"method": method}})
+
+if _LINGER:
+    signal.pause()
