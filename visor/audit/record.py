@@ -1,0 +1,187 @@
+"""Audit record schema, canonical encoding and the chain hash.
+
+A stored line is ``{"hash":"<64 hex>",`` followed by the rest of the record's
+canonical JSON body (everything after its opening ``{``), then ``\\n``.  The
+body is the record without ``hash``: sorted keys, compact separators, raw UTF-8.
+``hash = sha256(prev_hex_ascii + body_bytes)``.
+
+Putting ``hash`` first, outside the sorted body, means a verifier never has to
+re-serialise JSON (float formatting and key ordering differ between languages):
+it slices the line at a fixed offset and hashes the bytes exactly as stored.
+docs/audit-format.md is the normative description; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+FORMAT_VERSION = 1
+GENESIS = "0" * 64
+
+# Every event Visor writes.  Validation is strict so that a typo in the gate is
+# a loud failure in tests instead of a silently unreportable record.
+EVENTS: frozenset[str] = frozenset(
+    {
+        "allow",
+        "deny",
+        "ask",
+        "approve",
+        "decline",
+        "reject",
+        "taint",
+        "pin",
+        "pin_changed",
+        "redact",
+        "session_start",
+        "session_end",
+        "policy_load",
+        "audit_open",
+        "result",
+        "audit_repair",
+    }
+)
+# Events that are a verdict on a call; `show` lists these by default.
+VERDICTS: frozenset[str] = frozenset({"allow", "deny", "ask", "approve", "decline", "reject"})
+
+# Fields the writer owns.  A caller that sets one of them is a bug, not data.
+RESERVED: frozenset[str] = frozenset({"v", "ts", "session", "seq", "prev", "hash"})
+REQUIRED: tuple[str, ...] = ("v", "event", "ts", "session", "seq", "prev", "hash")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
+_PREFIX = b'{"hash":"'
+# len('{"hash":"') + 64 hex + '",'  -> the body continues right after this.
+HASH_START = len(_PREFIX)
+BODY_START = HASH_START + 64 + 2
+
+# orjson would otherwise serialise dataclasses and datetimes in its own way;
+# passing them through makes them an encoding error, so only JSON types land
+# in the log.
+_DUMP_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+class RecordError(ValueError):
+    """A line or an event that is not a valid audit record.
+
+    ``kind`` lets callers tell damage from someone else's file: "corrupt" (not
+    JSON: torn or garbled), "foreign" (JSON, but not our format or version:
+    never overwrite), "edited" (our format, content changed), "event" (the
+    caller handed the writer something unencodable).
+    """
+
+    def __init__(self, reason: str, kind: str = "edited") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One record ready to append: the dict returned to callers and its line."""
+
+    record: dict[str, Any]
+    line: bytes
+
+
+def utc_timestamp(now: datetime | None = None) -> str:
+    """RFC 3339 UTC with microseconds and a literal Z (fixed width, sorts as text)."""
+    now = now or datetime.now(UTC)
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical_body(fields: dict[str, Any]) -> bytes:
+    """Canonical JSON of a record without its hash."""
+    if "hash" in fields:
+        raise RecordError("the canonical body never contains 'hash'", "event")
+    try:
+        return orjson.dumps(fields, option=_DUMP_OPTS)
+    except TypeError as exc:  # non-str keys, ints beyond 64 bits, non-JSON objects
+        raise RecordError(f"event is not encodable as audit JSON: {exc}", "event") from exc
+
+
+def chain_hash(prev: str, body: bytes) -> str:
+    return hashlib.sha256(prev.encode("ascii") + body).hexdigest()
+
+
+def build(event: dict[str, Any], *, session: str, seq: int, prev: str, ts: str | None = None) -> Encoded:
+    """Stamp a caller's event with the writer's fields, hash it and encode its line."""
+    name = event.get("event")
+    if name not in EVENTS:
+        raise RecordError(f"unknown audit event {name!r}; known: {', '.join(sorted(EVENTS))}", "event")
+    clash = RESERVED.intersection(event)
+    if clash:
+        raise RecordError(f"event sets writer-owned fields: {', '.join(sorted(clash))}", "event")
+    if not _HEX64.match(prev):
+        raise RecordError("prev must be 64 lowercase hex digits", "event")
+    fields = dict(event)
+    fields.update(v=FORMAT_VERSION, ts=ts or utc_timestamp(), session=session, seq=seq, prev=prev)
+    body = canonical_body(fields)
+    digest = chain_hash(prev, body)
+    line = _PREFIX + digest.encode("ascii") + b'",' + body[1:] + b"\n"
+    fields["hash"] = digest
+    return Encoded(record=fields, line=line)
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A stored line that is well formed and whose hash matches its own content.
+
+    Whether it links to its predecessor is the chain walker's job (verify.py).
+    """
+
+    record: dict[str, Any]
+    hash: str
+    prev: str
+    seq: int
+    event: str
+
+
+def parse_line(line: bytes) -> Parsed:
+    """Check one complete line (without its newline) on its own.
+
+    Raises RecordError with a reason a human can act on.
+    """
+    if (
+        not line.startswith(_PREFIX)
+        or len(line) < BODY_START + 1
+        or line[BODY_START - 2 : BODY_START] != b'",'
+    ):
+        # Not our layout: decide between "not JSON" and "JSON but foreign" for the message.
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise RecordError("not valid JSON (edited or corrupted)", "corrupt") from None
+        if isinstance(obj, dict) and all(k in obj for k in REQUIRED):
+            raise RecordError("fields are not in Visor's stored order (edited)")
+        raise RecordError("not a Visor audit record (unknown format)", "foreign")
+    digest = line[HASH_START : HASH_START + 64].decode("ascii", "replace")
+    body = b"{" + line[BODY_START:]
+    try:
+        fields = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise RecordError("not valid JSON (edited or corrupted)", "corrupt") from None
+    if not isinstance(fields, dict):
+        raise RecordError("not a JSON object", "foreign")
+    missing = [k for k in REQUIRED if k != "hash" and k not in fields]
+    if missing or "hash" in fields:
+        raise RecordError(f"not a Visor audit record (missing: {', '.join(missing) or 'none'})")
+    if fields["v"] != FORMAT_VERSION:
+        raise RecordError(
+            f"unknown audit format version {fields['v']!r} (this Visor writes {FORMAT_VERSION})", "foreign"
+        )
+    prev, seq = fields["prev"], fields["seq"]
+    if not isinstance(prev, str) or not _HEX64.match(prev):
+        raise RecordError("prev is not 64 lowercase hex digits (edited)")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise RecordError("seq is not a non-negative integer (edited)")
+    if not _HEX64.match(digest):
+        raise RecordError("hash is not 64 lowercase hex digits (edited)")
+    if chain_hash(prev, body) != digest:
+        raise RecordError("hash does not match the line's content (edited)")
+    fields["hash"] = digest
+    return Parsed(record=fields, hash=digest, prev=prev, seq=seq, event=str(fields["event"]))

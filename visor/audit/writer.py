@@ -1,0 +1,595 @@
+"""Append records to the audit log with group commit.
+
+One dedicated thread owns the file descriptor.  Callers stamp and hash their
+record under a lock (so queue order is seq order and `append` can return the
+finished record at once), then the thread takes everything queued, writes it
+with one `write` and covers it with one `fdatasync`.  While that fsync is in
+flight new records pile up and go out together in the next round: that is the
+group commit, and it is why many concurrent allows cost few fsyncs.  Results
+go back to each caller's event loop with `call_soon_threadsafe`, so the loop
+never waits on the disk.
+
+A failed write or fsync poisons the writer for good: after a failed fsync the
+kernel may already have dropped the dirty pages, so nothing written since the
+last good fsync can be trusted to be on disk, and a retry would lie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from visor import __version__
+from visor.audit import record as rec
+from visor.audit.paths import default_audit_path, lock_path, next_rotated_name, rotated_files
+from visor.audit.tail import TailTooLong, read_first_line, read_tail
+from visor.audit.verify import link_problem
+
+__all__ = [
+    "AuditError",
+    "AuditStats",
+    "AuditUnhealthy",
+    "AuditWriter",
+    "default_audit_path",
+    "new_session_id",
+]
+
+# With nothing but non-durable records (denies, results) written, fsync them
+# after this much quiet so they do not wait indefinitely for the next allow.
+IDLE_SYNC_SECONDS = 1.0
+
+_LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_default_fsync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+
+class AuditError(Exception):
+    """The log cannot be opened; the message names the file, the line and the fix."""
+
+
+class AuditUnhealthy(Exception):
+    """A write or fsync failed (or the writer is closed); nothing more is committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditStats:
+    records_written: int
+    commits: int  # durable commits resolved successfully
+    write_count: int
+    fsync_count: int
+    largest_group: int  # most commits covered by one fsync
+    bytes_written: int
+    rotations: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    line: bytes
+    record: dict[str, Any]
+    future: asyncio.Future[dict[str, Any]] | None
+    loop: asyncio.AbstractEventLoop | None
+
+
+class _Rotate:
+    """Queue marker: close this file and continue the chain in a new one."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ensure_dir(directory: Path) -> None:
+    """Create missing directories 0700 and make their entries durable."""
+    missing: list[Path] = []
+    probe = directory
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+        os.chmod(d, 0o700)  # the umask may have narrowed it further; be exact
+        fsync_dir(d.parent)
+
+
+def acquire_lock(path: Path) -> int:
+    """Exclusive lock for one chain: two appenders would fork it."""
+    lp = lock_path(path)
+    try:
+        fd = os.open(lp, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot open the lock file {lp}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise AuditError(
+            f"{path}: the audit log is in use by another Visor process (pid {holder}). "
+            "Only one process may append to a log; give each `visor run` its own audit path."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _open_log(path: Path) -> tuple[int, bool]:
+    created = False
+    try:
+        try:
+            # O_NONBLOCK so that a FIFO planted at the path cannot hang start-up.
+            fd = os.open(path, _LOG_FLAGS | os.O_NONBLOCK)
+        except FileNotFoundError:
+            fd = os.open(path, _LOG_FLAGS | os.O_NONBLOCK | os.O_CREAT | os.O_EXCL, 0o600)
+            created = True
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise AuditError(
+                f"{path}: is a symbolic link; the audit log is opened with O_NOFOLLOW and a link "
+                "is refused. Point the audit path at a regular file."
+            ) from exc
+        raise AuditError(f"{path}: cannot open the audit log: {exc.strerror}") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise AuditError(f"{path}: is not a regular file; refusing to use it as the audit log")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    if stat.S_IMODE(st.st_mode) != 0o600:
+        os.fchmod(fd, 0o600)  # arguments are sensitive even after redaction
+    if created:
+        fsync_dir(path.parent)
+    return fd, created
+
+
+def _repair_hint(path: Path) -> str:
+    return (
+        f"Visor will not append to a damaged log. Inspect it with `visor audit verify {path}`; "
+        f"if only the end is damaged (a write cut short by a crash), `visor audit repair {path}` "
+        f"moves the damaged tail into {path.name}.torn, records an audit_repair event and "
+        "continues the chain."
+    )
+
+
+def _foreign_hint(path: Path) -> str:
+    return (
+        "This file was not written by this version of Visor, so Visor will neither append to it "
+        "nor overwrite it. Use another audit path or move the file away."
+    )
+
+
+def check_tail(path: Path, fd: int) -> rec.Parsed | None:
+    """Check the last line and its link to the one before; None for an empty file.
+
+    Raises AuditError naming the file and line.  Reads only the ends of the file.
+    """
+    try:
+        tail = read_tail(fd, 2)
+    except TailTooLong as exc:
+        raise AuditError(
+            f"{path}: the last line is not a Visor record ({exc}). {_foreign_hint(path)}"
+        ) from exc
+    if tail.size == 0:
+        return None
+
+    first_seq: int | None = None
+    first = read_first_line(fd)
+    if first is not None:
+        with contextlib.suppress(rec.RecordError):
+            first_seq = rec.parse_line(first).seq
+
+    parsed: list[rec.Parsed | rec.RecordError] = []
+    for raw in tail.lines:
+        try:
+            parsed.append(rec.parse_line(raw))
+        except rec.RecordError as exc:
+            parsed.append(exc)
+
+    def line_no(index: int) -> str:
+        """Name line `index` of the (lines + torn) window by its number in the file."""
+        if first_seq is not None:
+            for i, p in enumerate(parsed):
+                if isinstance(p, rec.Parsed):
+                    return f"line {p.seq - first_seq + 1 + (index - i)}"
+        if not tail.lines and index == 0:
+            return "line 1"
+        return (
+            "the last line" if index >= len(tail.lines) - (0 if tail.torn else 1) else "the line before last"
+        )
+
+    if tail.torn:
+        raise AuditError(
+            f"{path}: {line_no(len(tail.lines))}: the last line is incomplete ({len(tail.torn)} bytes at "
+            f"offset {tail.torn_offset} without a newline). {_repair_hint(path)}"
+        )
+    last_i = len(parsed) - 1
+    last = parsed[last_i]
+    if isinstance(last, rec.RecordError):
+        hint = _foreign_hint(path) if last.kind == "foreign" else _repair_hint(path)
+        raise AuditError(f"{path}: {line_no(last_i)}: {last.reason}. {hint}")
+    before: rec.Parsed | None = None
+    if last_i >= 1:
+        prior = parsed[last_i - 1]
+        if isinstance(prior, rec.RecordError):
+            hint = _foreign_hint(path) if prior.kind == "foreign" else _repair_hint(path)
+            raise AuditError(f"{path}: {line_no(last_i - 1)}: {prior.reason}. {hint}")
+        before = prior
+    why = link_problem(before, last)
+    if why is not None:
+        raise AuditError(f"{path}: {line_no(last_i)}: {why}. {_repair_hint(path)}")
+    return last
+
+
+class AuditWriter:
+    """Hash-chained, append-only audit log with group commit. Use `AuditWriter.open`."""
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        fd: int,
+        lock_fd: int,
+        session: str,
+        seq: int,
+        prev: str,
+        size: int,
+        max_bytes: int | None,
+        durable: bool,
+        fsync: Callable[[int], None],
+        write: Callable[[int, bytes | memoryview], int],
+        clock: Callable[[], str],
+    ) -> None:
+        self._path = path
+        self._fd = fd
+        self._lock_fd = lock_fd
+        self._session = session
+        self._seq = seq
+        self._prev = prev
+        self._size = size
+        self._max_bytes = max_bytes
+        self._durable = durable
+        self._fsync = fsync
+        self._write = write
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._queue: list[_Pending | _Rotate] = []
+        self._closing = False
+        self._healthy = True
+        self._failure = ""
+        self._dirty = False  # written but not yet covered by an fsync
+        self._records = self._commits = self._writes = self._fsyncs = 0
+        self._largest = self._bytes = self._rotations = 0
+        self._next_rotation = int(next_rotated_name(path).name.rsplit(".", 1)[1])
+        self._thread = threading.Thread(target=self._run, name=f"visor-audit:{path.name}", daemon=True)
+
+    # ---------------------------------------------------------------- opening
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        session: str,
+        max_bytes: int | None = None,
+        durable: bool = True,
+        fsync: Callable[[int], None] | None = None,
+        write: Callable[[int, bytes | memoryview], int] | None = None,
+        clock: Callable[[], str] | None = None,
+        _lock_fd: int | None = None,
+    ) -> AuditWriter:
+        """Open (or create) the log, check its tail, continue its chain, write `audit_open`.
+
+        `fsync` and `write` replace os.fdatasync / os.write for fault-injection tests.
+        """
+        path = Path(path)
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        try:
+            _ensure_dir(path.parent)
+        except OSError as exc:
+            raise AuditError(f"{path}: cannot create the directory {path.parent}: {exc.strerror}") from exc
+        lock_fd = _lock_fd if _lock_fd is not None else acquire_lock(path)
+        fd = -1
+        try:
+            fd, _ = _open_log(path)
+            last = check_tail(path, fd)
+            rotated_from: str | None = None
+            if last is None:
+                # An empty live file: continue from the newest rotated file, if any
+                # (a crash between rotating and the first write leaves exactly this).
+                older = rotated_files(path)
+                if older:
+                    last = _tail_of(older[-1])
+                    rotated_from = older[-1].name
+            size = os.fstat(fd).st_size
+            writer = cls(
+                path=path,
+                fd=fd,
+                lock_fd=lock_fd,
+                session=session,
+                seq=last.seq + 1 if last else 0,
+                prev=last.hash if last else rec.GENESIS,
+                size=size,
+                max_bytes=max_bytes,
+                durable=durable,
+                fsync=fsync or _default_fsync,
+                write=write or os.write,
+                clock=clock or rec.utc_timestamp,
+            )
+            writer._write_open_record(rotated_from)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            if _lock_fd is None:
+                os.close(lock_fd)
+            raise
+        writer._thread.start()
+        return writer
+
+    def _open_event(self, rotated_from: str | None) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "event": "audit_open",
+            "durable": self._durable,
+            "file": self._path.name,
+            "pid": os.getpid(),
+            "visor": __version__,
+        }
+        if rotated_from:
+            event["rotated_from"] = rotated_from
+        return event
+
+    def _write_open_record(self, rotated_from: str | None) -> None:
+        """Synchronously, before any traffic: proves at start-up that we can write and fsync."""
+        enc = self._stamp(self._open_event(rotated_from))
+        try:
+            self._write_all(enc.line)
+            if self._durable:
+                self._fsync(self._fd)
+                self._fsyncs += 1
+        except OSError as exc:
+            raise AuditError(f"{self._path}: cannot write the audit log: {exc.strerror or exc}") from exc
+        self._records += 1
+
+    # -------------------------------------------------------------- public API
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def session(self) -> str:
+        return self._session
+
+    @property
+    def stats(self) -> AuditStats:
+        with self._cond:
+            return AuditStats(
+                records_written=self._records,
+                commits=self._commits,
+                write_count=self._writes,
+                fsync_count=self._fsyncs,
+                largest_group=self._largest,
+                bytes_written=self._bytes,
+                rotations=self._rotations,
+            )
+
+    async def commit(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Append `event` and return its record once an fsync covering it has returned."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._enqueue(event, future, loop)
+        # If the caller is cancelled the record is still written: cancellation
+        # withdraws the wait, never the evidence.
+        return await future
+
+    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Append `event` without waiting; it is fsync'd with the next group."""
+        return self._enqueue(event, None, None)
+
+    async def close(self) -> None:
+        """Write and fsync everything queued, then stop the thread. Writes no record."""
+        self._begin_close()
+        await asyncio.to_thread(self._thread.join)
+
+    def close_sync(self) -> None:
+        """`close` for callers without an event loop (CLI commands, tests)."""
+        self._begin_close()
+        self._thread.join()
+
+    # --------------------------------------------------------------- queueing
+
+    def _stamp(self, event: dict[str, Any]) -> rec.Encoded:
+        """Assign seq/prev/ts and hash; caller holds the lock (or runs before the thread)."""
+        enc = rec.build(event, session=self._session, seq=self._seq, prev=self._prev, ts=self._clock())
+        self._seq += 1
+        self._prev = enc.record["hash"]
+        self._size += len(enc.line)
+        return enc
+
+    def _enqueue(
+        self,
+        event: dict[str, Any],
+        future: asyncio.Future[dict[str, Any]] | None,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> dict[str, Any]:
+        with self._cond:
+            if not self._healthy:
+                raise AuditUnhealthy(self._failure)
+            if self._closing:
+                raise AuditUnhealthy(f"{self._path}: the audit writer is closed")
+            enc = self._stamp(event)
+            self._queue.append(_Pending(enc.line, enc.record, future, loop))
+            if self._max_bytes is not None and self._size >= self._max_bytes:
+                self._queue_rotation()
+            self._cond.notify()
+        return enc.record
+
+    def _queue_rotation(self) -> None:
+        # Numbers are handed out here, in queue order, so a rotation still waiting
+        # in the queue and the next one can never be promised the same name.
+        target = self._path.with_name(f"{self._path.name}.{self._next_rotation}")
+        self._next_rotation += 1
+        self._queue.append(_Rotate(target))
+        self._size = 0
+        enc = self._stamp(self._open_event(target.name))
+        self._queue.append(_Pending(enc.line, enc.record, None, None))
+
+    def _begin_close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+
+    # ----------------------------------------------------------- writer thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._queue and not self._closing:
+                        self._cond.wait(timeout=IDLE_SYNC_SECONDS if self._dirty else None)
+                    batch, self._queue = self._queue, []
+                    closing = self._closing
+                if batch:
+                    self._process(batch)
+                elif self._dirty:
+                    self._flush([], force_sync=True)
+                if closing and not batch:
+                    break
+        finally:
+            os.close(self._fd)
+            os.close(self._lock_fd)  # releases the flock
+
+    def _process(self, batch: list[_Pending | _Rotate]) -> None:
+        segment: list[_Pending] = []
+        for item in batch:
+            if isinstance(item, _Rotate):
+                self._flush(segment, force_sync=True)
+                segment = []
+                self._rotate(item.target)
+            else:
+                segment.append(item)
+        self._flush(segment, force_sync=False)
+
+    def _flush(self, segment: list[_Pending], *, force_sync: bool) -> None:
+        if not self._healthy:
+            self._settle_all(segment, self._failure)
+            return
+        try:
+            if segment:
+                self._write_all(b"".join(p.line for p in segment))
+                self._dirty = True
+            waiting = sum(1 for p in segment if p.future is not None)
+            if self._dirty and (waiting or force_sync):
+                if self._durable:
+                    self._fsync(self._fd)
+                    with self._cond:
+                        self._fsyncs += 1
+                self._dirty = False
+        except OSError as exc:
+            self._poison(
+                f"{self._path}: audit write failed: {exc.strerror or exc}; no further call is allowed"
+            )
+            self._settle_all(segment, self._failure)
+            return
+        with self._cond:
+            self._records += len(segment)
+            self._commits += waiting
+            self._largest = max(self._largest, waiting)
+        self._settle_all(segment, None)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = self._write(self._fd, view)
+            if n <= 0:
+                raise OSError(errno.EIO, "short write")
+            view = view[n:]
+        with self._cond:
+            self._writes += 1
+            self._bytes += len(data)
+
+    def _rotate(self, target: Path) -> None:
+        if not self._healthy:
+            return
+        try:
+            if target.exists() or target.is_symlink():
+                raise OSError(errno.EEXIST, f"{target.name} already exists")
+            os.rename(self._path, target)
+            moved, ours = os.stat(target, follow_symlinks=False), os.fstat(self._fd)
+            if (moved.st_dev, moved.st_ino) != (ours.st_dev, ours.st_ino):
+                raise OSError(errno.ESTALE, "the live log was replaced by another file")
+            fd = os.open(self._path, _LOG_FLAGS | os.O_CREAT | os.O_EXCL, 0o600)
+            os.fchmod(fd, 0o600)
+            fsync_dir(self._path.parent)
+        except OSError as exc:
+            self._poison(
+                f"{self._path}: audit rotation failed: {exc.strerror or exc}; no further call is allowed"
+            )
+            return
+        os.close(self._fd)
+        self._fd = fd
+        with self._cond:
+            self._rotations += 1
+
+    def _poison(self, message: str) -> None:
+        with self._cond:
+            self._healthy = False
+            self._failure = message
+
+    @staticmethod
+    def _settle_all(segment: list[_Pending], failure: str | None) -> None:
+        for p in segment:
+            if p.future is None or p.loop is None:
+                continue
+            # A fresh exception per waiter: one shared instance would collect every
+            # waiter's traceback.
+            error = AuditUnhealthy(failure) if failure is not None else None
+            with contextlib.suppress(RuntimeError):  # the caller's loop is already closed
+                p.loop.call_soon_threadsafe(_settle, p.future, p.record, error)
+
+
+def _settle(
+    future: asyncio.Future[dict[str, Any]], record: dict[str, Any], error: BaseException | None
+) -> None:
+    if future.done():  # the awaiting task was cancelled
+        return
+    if error is None:
+        future.set_result(record)
+    else:
+        future.set_exception(error)
+
+
+def _tail_of(path: Path) -> rec.Parsed | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot read the previous audit file: {exc.strerror}") from exc
+    try:
+        return check_tail(path, fd)
+    finally:
+        os.close(fd)
