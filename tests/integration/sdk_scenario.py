@@ -61,7 +61,8 @@ async def sdk_server_scenario(params: StdioServerParameters, modern: bool = Fals
         out["resources"] = [str(r.uri) for r in (await s.list_resources()).resources]
         out["resource"] = dump(await s.read_resource("memo://greeting"))
         out["prompt"] = dump(await s.get_prompt("review", {"code": "x = 1"}))
-        await s.send_ping()
+        if not modern:
+            await s.send_ping()
     out["progress"] = progress
     return out
 
