@@ -1,0 +1,480 @@
+"""`visor report`: a Markdown review pack for a security reviewer.
+
+Inputs are the audit log (read leniently: malformed lines are counted, never
+fatal) and optionally the policy.  The pack never prints argument values, nor
+`reason` strings (a reason can quote an argument), nor any record field other
+than names the policy or the server defined: server, tool, rule, taint, event.
+
+The policy is read through `visor.policy.loader.load_policy(path) -> Policy`
+(schema in visor/policy/schema.py), imported lazily; attributes are read with
+defaults so that a loader still in progress degrades to a section saying the
+policy could not be analysed instead of breaking the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from visor.audit.reader import Loaded, Window, load
+from visor.audit.record import utc_timestamp
+from visor.audit.show import printable
+from visor.audit.verify import ChainReport, verify_files
+
+_WRITE_NAME = re.compile(
+    r"(write|create|delete|remove|move|rename|edit|update|put|upload|patch|mkdir|rm)", re.I
+)
+_DECISIONS = ("allow", "deny", "ask", "approve", "decline", "reject")
+
+
+def md(value: Any) -> str:
+    """A name from a log or policy, safe inside Markdown table cells and text."""
+    text = printable(value, 80)
+    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", text) or "-"
+
+
+def md_long(value: Any) -> str:
+    """Like `md` without the length cut (for Visor's own messages)."""
+    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", printable(value)) or "-"
+
+
+# ------------------------------------------------------------------ policy view
+
+
+@dataclass(frozen=True, slots=True)
+class ToolView:
+    server: str
+    name: str
+    allowed: bool
+    source: str  # "policy", "pack:NAME", "policy+pack:NAME", "fallback"
+    controls: tuple[str, ...]
+    sends: bool
+    trusted: int
+    writes: bool
+    confined: bool
+    constrained: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyView:
+    source: str
+    sha256: str
+    default_action: str
+    tools: tuple[ToolView, ...]
+    servers: tuple[tuple[str, bool, str], ...]  # name, allowed, packs
+    global_controls: tuple[str, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default)
+
+
+def _pack_tools(policy: Any, server: Any) -> dict[str, tuple[str, Any]]:
+    """Pack entries that apply to `server`: explicit `packs:`, else selected by server name."""
+    packs = _get(policy, "packs", {}) or {}
+    allowed_packs = _get(_get(policy, "settings"), "packs")
+    chosen = _get(server, "packs")
+    out: dict[str, tuple[str, Any]] = {}
+    for pname, pack in packs.items():
+        if allowed_packs is not None and pname not in allowed_packs:
+            continue
+        selected = (
+            pname in chosen if chosen is not None else str(server.name).lower() in _get(pack, "servers", ())
+        )
+        if selected:
+            for tname, tool in (_get(pack, "tools", {}) or {}).items():
+                out.setdefault(tname, (f"pack:{pname}", tool))
+    return out
+
+
+def _mentions(policy: Any, server: str, tool: str) -> list[str]:
+    """Session-level controls that name this tool (chains, taints, egress, time)."""
+    found: list[str] = []
+    for chain in _get(policy, "tool_chains", ()) or ():
+        for role, matches in (("source", chain.sources), ("sink", chain.sinks)):
+            if any(m.matches(server, tool) for m in matches):
+                found.append(f"chain {chain.name} ({role}, {chain.action})")
+    for taint in _get(policy, "taints", ()) or ():
+        if tool in taint.source_tools:
+            found.append(f"sets taint {taint.name}")
+    for eg in _get(policy, "egress_controls", ()) or ():
+        if tool in eg.sink_tools:
+            found.append(f"egress {eg.name} when {eg.when_tainted} ({eg.action})")
+    for tr in _get(policy, "time_restrictions", ()) or ():
+        if tool in _get(tr, "tool_names", ()) or any(r.fullmatch(tool) for r in _get(tr, "tools", ())):
+            found.append(f"time window {tr.name}")
+    return found
+
+
+def _tool_view(policy: Any, server: Any, tool: Any, source: str) -> ToolView:
+    controls: list[str] = []
+    allowed = _get(tool, "allowed")
+    allowed = bool(server.allowed) and (allowed is not False)
+    if _get(tool, "approval_required"):
+        controls.append("approval required")
+    if _get(tool, "risk"):
+        controls.append(f"risk {tool.risk}")
+    rules = Counter(r.type for r in _get(tool, "rules", ()) or ())
+    controls += [f"{t} ×{n}" if n > 1 else t for t, n in sorted(rules.items())]
+    if _get(tool, "max_calls") is not None:
+        controls.append("forbidden (max_calls 0)" if tool.max_calls == 0 else f"max_calls {tool.max_calls}")
+    sinks = tuple(_get(tool, "sink_params", ()) or ())
+    sends = bool(_get(tool, "exfiltrating")) or bool(sinks)
+    trusted = len(_get(tool, "trusted_destinations", ()) or ()) + len(
+        _get(server, "allowed_destinations", ()) or ()
+    )
+    trusted += rules.get("allow_recipient_domain", 0)
+    if sends:
+        controls.append(f"sends via {', '.join(sinks) or 'any argument'}; trusted destinations: {trusted}")
+    write_params = tuple(_get(tool, "write_params", ()) or ())
+    prefixes = tuple(_get(tool, "allowed_path_prefixes", ()) or ())
+    confined = bool(prefixes) or "allow_path" in rules
+    writes = bool(write_params) or bool(_WRITE_NAME.search(tool.name))
+    if write_params or prefixes:
+        controls.append(
+            f"writes via {', '.join(write_params) or 'paths'}; confined to {len(prefixes)} prefix(es)"
+        )
+    if _get(tool, "arg_patterns"):
+        controls.append(f"argument patterns ×{len(tool.arg_patterns)}")
+    controls += _mentions(policy, server.name, tool.name)
+    constrained = bool(controls) and controls != [f"risk {_get(tool, 'risk')}"]
+    return ToolView(
+        server=server.name,
+        name=tool.name,
+        allowed=allowed,
+        source=source if source != "policy" else str(_get(tool, "origin", "policy") or "policy"),
+        controls=tuple(controls),
+        sends=sends,
+        trusted=trusted,
+        writes=writes,
+        confined=confined,
+        constrained=constrained,
+    )
+
+
+def analyse_policy(policy: Any) -> PolicyView:
+    tools: list[ToolView] = []
+    servers: list[tuple[str, bool, str]] = []
+    for server in policy.servers:
+        packs = _get(server, "packs")
+        servers.append(
+            (server.name, bool(server.allowed), "auto" if packs is None else ", ".join(packs) or "none")
+        )
+        own = dict(server.tools)
+        for tool in own.values():
+            tools.append(_tool_view(policy, server, tool, "policy"))
+        for tname, (origin, tool) in sorted(_pack_tools(policy, server).items()):
+            if tname not in own:
+                tools.append(_tool_view(policy, server, tool, origin))
+    settings = _get(policy, "settings")
+    glob: list[str] = [f"default action: {_get(policy, 'default_action', 'deny')}"]
+    for label, attr in (
+        ("session call budget", "session_max_calls"),
+        ("argument size limit (bytes)", "max_argument_size_bytes"),
+        ("output size limit (bytes)", "max_output_size_bytes"),
+        ("approval timeout (s)", "approval_timeout_seconds"),
+    ):
+        value = _get(settings, attr)
+        glob.append(f"{label}: {value if value is not None else 'none'}")
+    glob.append(f"taints: {len(_get(policy, 'taints', ()) or ())}")
+    glob.append(f"egress controls: {len(_get(policy, 'egress_controls', ()) or ())}")
+    glob.append(f"tool chains: {len(_get(policy, 'tool_chains', ()) or ())}")
+    redaction = _get(policy, "redaction")
+    n_red = len(_get(redaction, "patterns", ()) or ()) + len(_get(redaction, "output_patterns", ()) or ())
+    glob.append(f"redaction patterns: {n_red}")
+    return PolicyView(
+        source=str(_get(policy, "source", "")),
+        sha256=str(_get(policy, "sha256", "")),
+        default_action=str(_get(policy, "default_action", "deny")),
+        tools=tuple(tools),
+        servers=tuple(servers),
+        global_controls=tuple(glob),
+    )
+
+
+def _load_policy(path: Path) -> tuple[PolicyView | None, str | None]:
+    try:
+        from visor.policy.loader import load_policy  # lazy: the loader is optional for the report
+    except ImportError as exc:
+        return None, f"the policy loader is not available ({exc})"
+    try:
+        policy = load_policy(path)
+    except Exception as exc:  # any loader error is reported, not raised: the pack is still useful
+        return None, f"{type(exc).__name__}: {printable(str(exc), 300)}"
+    try:
+        return analyse_policy(policy), None
+    except (AttributeError, TypeError) as exc:
+        return None, f"the loaded policy has an unexpected shape ({type(exc).__name__}: {exc})"
+
+
+# -------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    severity: str  # "high", "medium", "low", "info"
+    text: str
+
+
+def findings(
+    view: PolicyView | None, chain: ChainReport, loaded: Loaded, seen: set[tuple[str, str]]
+) -> list[Finding]:
+    out: list[Finding] = []
+    if not chain.ok:
+        out.append(Finding("high", f"The audit chain does not verify: {md(chain.problem)}."))
+    if loaded.malformed:
+        out.append(Finding("medium", f"{loaded.malformed} malformed line(s) in the log were skipped."))
+    if view is None:
+        return out
+    if view.default_action == "allow":
+        out.append(Finding("high", "The policy's default action is allow: unknown tools run unchecked."))
+    for t in view.tools:
+        if not t.allowed:
+            continue
+        where = f"{md(t.server)} / {md(t.name)}"
+        if t.sends and t.trusted == 0:
+            out.append(
+                Finding(
+                    "medium",
+                    f"{where} sends data but has no trusted destinations: every send is asked or denied.",
+                )
+            )
+        if t.writes and not t.confined:
+            out.append(
+                Finding("high", f"{where} writes but is not confined to a path prefix or allow_path rule.")
+            )
+        if not t.constrained:
+            out.append(
+                Finding("medium", f"{where} is allowed and nothing constrains it beyond being listed.")
+            )
+    known = {(t.server, t.name) for t in view.tools}
+    servers = {s for s, _, _ in view.servers}
+    for server, tool in sorted(seen - known):
+        if server in servers or "*" in servers:
+            continue
+        out.append(Finding("info", f"{md(server)} / {md(tool)} appears in the log but not in this policy."))
+    return out
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    head = list(header)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+_OWASP: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "LLM01 Prompt Injection",
+        "Partial",
+        "Does not detect injected instructions. Limits what a misled agent can do: default deny, "
+        "argument rules, sends to destinations first seen in untrusted tool output are denied, "
+        "session taints and tool chains.",
+        ("deny", "ask", "taint"),
+    ),
+    (
+        "LLM02 Sensitive Information Disclosure",
+        "Partial",
+        "Sensitive-path rules, egress controls after a taint, recipient rules, redaction of "
+        "arguments before they are logged. Content sent to a trusted destination is not inspected.",
+        ("redact", "taint", "deny"),
+    ),
+    (
+        "LLM03 Supply Chain",
+        "Partial",
+        "Server identity and tool pins: a tool missing from the first tools/list, or whose "
+        "description or schema changed, is denied. Does not vet what a server does.",
+        ("pin", "pin_changed"),
+    ),
+    ("LLM04 Data and Model Poisoning", "Not covered", "Training and fine-tuning data are out of scope.", ()),
+    (
+        "LLM05 Improper Output Handling",
+        "Partial",
+        "The model's output that becomes a tool call is validated before it runs: strict JSON-RPC, "
+        "normalised paths, command and query patterns. What a client does with tool results is out of scope.",
+        ("reject", "deny"),
+    ),
+    (
+        "LLM06 Excessive Agency",
+        "Core",
+        "Default-deny registration per server and tool, per-tool and per-session budgets, "
+        "human approval, every verdict in a hash-chained log.",
+        ("allow", "deny", "ask", "approve", "decline"),
+    ),
+    ("LLM07 System Prompt Leakage", "Not covered", "Visor does not see prompts.", ()),
+    ("LLM08 Vector and Embedding Weaknesses", "Not covered", "Retrieval stores are out of scope.", ()),
+    ("LLM09 Misinformation", "Not covered", "Visor judges actions, not the truth of text.", ()),
+    (
+        "LLM10 Unbounded Consumption",
+        "Partial",
+        "Session call budget, per-tool max_calls, argument and message size limits. No rate or cost limits.",
+        ("deny",),
+    ),
+)
+
+_NOT_COVERED = (
+    "Anything that does not pass through Visor as an MCP `tools/call` over stdio: an agent with a "
+    "shell, raw HTTP or another MCP transport can act around it.",
+    "Content inspection: an allowed call to a trusted destination can still carry sensitive data; Visor is not DLP.",
+    "Detecting prompt injection: Visor constrains actions; it does not judge text.",
+    "A malicious MCP server: pins detect a changed tool list, not what an unchanged tool does.",
+    "Tamper-proof evidence: the hash chain has no key. Anyone able to write the log can rewrite it "
+    "from the point of an edit onwards; it is tamper-evident only against partial edits, or against "
+    "all edits once its head hash is recorded elsewhere (`visor audit verify --head`).",
+    "Confidentiality of the log: it holds redacted arguments in plain text, protected by file modes only.",
+    "Statistics here are as complete as the log: records outside the time window and malformed lines are not counted.",
+)
+
+
+def build_report(
+    audit_files: list[Path],
+    *,
+    policy_path: Path | None = None,
+    win: Window = Window(),  # noqa: B008 - Window is frozen
+    now: datetime | None = None,
+) -> str:
+    loaded = load(audit_files, win)
+    present = [p for p in audit_files if p.exists()]
+    chain = verify_files(present)
+    view, policy_error = _load_policy(policy_path) if policy_path else (None, None)
+    recs = loaded.records
+    seen = {(str(r.get("server")), str(r.get("tool"))) for r in recs if r.get("tool") is not None}
+
+    lines: list[str] = ["# Visor review pack", ""]
+    lines.append(f"Generated {utc_timestamp(now or datetime.now(UTC))}.")
+    window_text = f"{win.since.isoformat() if win.since else 'start'} to {win.until.isoformat() if win.until else 'end'}"
+    lines.append(f"Time window: {window_text} (record timestamps, UTC).")
+    lines.append("")
+    lines.append("Argument values and reason texts are never included in this pack; only names defined")
+    lines.append("by the policy or the servers appear (server, tool, rule, taint).")
+    lines.append("")
+
+    lines += ["## 1. Evidence", ""]
+    lines.append(f"- Audit files: {', '.join(md(p.name) for p in audit_files) or 'none'}")
+    if loaded.missing:
+        lines.append(f"- Missing files: {', '.join(md(p.name) for p in loaded.missing)}")
+    lines.append(f"- Records in the window: {len(recs)}; malformed lines skipped: {loaded.malformed}")
+    sessions = {r.get("session") for r in recs}
+    lines.append(f"- Sessions: {len(sessions)}")
+    if recs:
+        stamps = sorted(str(r.get("ts", "")) for r in recs)
+        lines.append(f"- First and last record: {md(stamps[0])} to {md(stamps[-1])}")
+    verdict = "verifies" if chain.ok else "DOES NOT VERIFY"
+    lines.append(f"- Chain integrity (whole log, not only the window): {verdict}")
+    lines.append(f"  - {md_long(chain.summary())}")
+    lines.append("")
+
+    lines += ["## 2. Controls per server and tool", ""]
+    if policy_path is None:
+        lines.append("No policy was given (`--policy`), so controls cannot be listed. Tools seen in the log:")
+        lines.append("")
+        lines += _table(["Server", "Tool"], sorted((md(s), md(t)) for s, t in seen))
+    elif view is None:
+        digest = (
+            hashlib.sha256(policy_path.read_bytes()).hexdigest() if policy_path.is_file() else "unreadable"
+        )
+        lines.append(
+            f"The policy `{md(policy_path.name)}` (sha256 {digest}) could not be analysed: {md(policy_error)}."
+        )
+        lines.append("Findings below are limited to the log.")
+    else:
+        lines.append(f"Policy `{md(Path(view.source).name or policy_path.name)}`, sha256 `{view.sha256}`.")
+        lines.append("")
+        lines += [f"- {md(c)}" for c in view.global_controls]
+        lines.append("")
+        lines += _table(
+            ["Server", "Allowed", "Packs"], ((md(n), "yes" if a else "no", md(p)) for n, a, p in view.servers)
+        )
+        lines.append("")
+        rows = [
+            (
+                md(t.server),
+                md(t.name),
+                "yes" if t.allowed else "no",
+                md(t.source),
+                "; ".join(md(c) for c in t.controls) or "none",
+            )
+            for t in sorted(view.tools, key=lambda t: (t.server, t.name))
+        ]
+        known = {(t.server, t.name) for t in view.tools}
+        for server, tool in sorted(seen - known):
+            rows.append(
+                (md(server), md(tool), f"by default action ({view.default_action})", "fallback", "none")
+            )
+        lines += _table(["Server", "Tool", "Allowed", "Source", "Controls"], rows)
+    lines.append("")
+
+    lines += ["## 3. Findings", ""]
+    found = findings(view, chain, loaded, seen)
+    order = {"high": 0, "medium": 1, "low": 2, "info": 3}
+    lines += [f"- **{f.severity}**: {f.text}" for f in sorted(found, key=lambda f: order[f.severity])] or [
+        "- None."
+    ]
+    lines.append("")
+
+    lines += ["## 4. Verdicts", ""]
+    by_tool: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    by_rule: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in recs:
+        event = r.get("event")
+        if event in _DECISIONS:
+            by_tool[(str(r.get("server", "-")), str(r.get("tool", "-")))][event] += 1
+            by_rule[str(r.get("rule") or "-")][event] += 1
+    if by_tool:
+        lines += ["By tool:", ""]
+        lines += _table(
+            ["Server", "Tool", *_DECISIONS],
+            ((md(s), md(t), *(c[e] for e in _DECISIONS)) for (s, t), c in sorted(by_tool.items())),
+        )
+        lines += ["", "By rule:", ""]
+        lines += _table(
+            ["Rule", *_DECISIONS], ((md(k), *(c[e] for e in _DECISIONS)) for k, c in sorted(by_rule.items()))
+        )
+    else:
+        lines.append("No verdicts in the window.")
+    lines.append("")
+
+    lines += ["## 5. Taints and pins", ""]
+    taints = Counter(str(r.get("taint") or r.get("name") or "-") for r in recs if r.get("event") == "taint")
+    pins = Counter(
+        (str(r.get("event")), str(r.get("server", "-")), str(r.get("tool", "-")))
+        for r in recs
+        if r.get("event") in ("pin", "pin_changed")
+    )
+    if taints:
+        lines += _table(["Taint", "Times set"], ((md(k), n) for k, n in sorted(taints.items())))
+    else:
+        lines.append("No taints were set.")
+    lines.append("")
+    if pins:
+        lines += _table(
+            ["Event", "Server", "Tool", "Count"],
+            ((md(e), md(s), md(t), n) for (e, s, t), n in sorted(pins.items())),
+        )
+    else:
+        lines.append("No pins were recorded.")
+    lines.append("")
+
+    lines += ["## 6. OWASP Top 10 for LLM Applications (2025)", ""]
+    events = Counter(str(r.get("event")) for r in recs)
+    rows = []
+    for name, level, text, evs in _OWASP:
+        evidence = ", ".join(f"{e}: {events[e]}" for e in evs) or "-"
+        rows.append((name, level, text, evidence))
+    lines += _table(["Risk", "Coverage", "What Visor does", "Events in this log"], rows)
+    lines.append("")
+
+    lines += ["## 7. What Visor does not cover", ""]
+    lines += [f"- {t}" for t in _NOT_COVERED]
+    lines.append("")
+    return "\n".join(lines)
