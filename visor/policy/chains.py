@@ -1,0 +1,145 @@
+"""Rules over the session's history: tool chains, taints and egress controls,
+identities and time restrictions. Pure functions over immutable policy data
+and the (read-only) session facts passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from fnmatch import fnmatchcase
+from zoneinfo import ZoneInfo
+
+from visor.policy import paths
+from visor.policy.schema import (
+    Action,
+    EgressControl,
+    Identity,
+    Taint,
+    TimeRestriction,
+    ToolChain,
+)
+
+
+def name_matches(patterns: Sequence[str], name: str) -> bool:
+    """Exact names, or shell-style wildcards (``aws_iam_*``)."""
+    return any(p == name or p == "*" or (("*" in p or "?" in p) and fnmatchcase(name, p)) for p in patterns)
+
+
+def chain_hit(
+    chain: ToolChain, history: Sequence[tuple[str, str]], default_window: int, server: str, tool: str
+) -> bool:
+    """True when the current call is a sink and a source ran within the chain's own window."""
+    if not any(s.matches(server, tool) for s in chain.sinks):
+        return False
+    window = chain.within_calls or default_window
+    recent = history[-window:] if window < len(history) else history
+    return any(src.matches(srv, t) for srv, t in recent for src in chain.sources)
+
+
+def taints_set_by(
+    taints: Sequence[Taint], server: str, tool: str, arguments: dict
+) -> list[tuple[Taint, str]]:
+    """Taints that an allowed call sets, with the argument value that matched.
+
+    As in mcp-visor, a taint fires when the tool is a source tool and one of
+    its path-like arguments matches a source pattern (no patterns: any call of
+    the tool). URL arguments are matched on their path too, so ``**/secrets/**``
+    taints a fetch of ``https://host/secrets/x``.
+    """
+    hits: list[tuple[Taint, str]] = []
+    for taint in taints:
+        if not name_matches(taint.source_tools, tool):
+            continue
+        if taint.source_servers and not name_matches(taint.source_servers, server):
+            continue
+        if not taint.source_patterns:
+            hits.append((taint, ""))
+            continue
+        for value in _taint_candidates(arguments):
+            if any(g.match(value) for g in taint.source_patterns):
+                hits.append((taint, value))
+                break
+    return hits
+
+
+def _taint_candidates(arguments: dict) -> list[str]:
+    out: list[str] = []
+    for _name, raw in paths.iter_path_values(arguments, ("url", "uri")):
+        out.append(raw)
+        lowered = raw.lower()
+        if "://" in raw and not lowered.startswith("file:"):
+            # a URL: match its path part (and the whole URL) against path globs
+            rest = raw.split("://", 1)[1]
+            slash = rest.find("/")
+            if slash != -1:
+                out.append(rest[slash:].split("?", 1)[0].split("#", 1)[0])
+            continue
+        try:
+            out.extend(paths.forms(raw))
+        except paths.PathError:
+            continue
+    return out
+
+
+def egress_hit(
+    controls: Sequence[EgressControl], taints: set[str] | frozenset[str], server: str, tool: str
+) -> EgressControl | None:
+    for c in controls:
+        if c.when_tainted not in taints:
+            continue
+        if not name_matches(c.sink_tools, tool):
+            continue
+        if c.sink_servers and not name_matches(c.sink_servers, server):
+            continue
+        return c
+    return None
+
+
+def identity_verdict(identities: Sequence[Identity], identity: str, server: str, tool: str) -> str | None:
+    """A deny reason, or None when the identity may call the tool."""
+    entry = next((i for i in identities if i.name == identity), None)
+    if entry is None:
+        return f"identity {identity!r} has no entry in the policy"
+    if server not in entry.allowed_servers and "*" not in entry.allowed_servers:
+        return f"server {server!r} is not allowed for identity {identity!r}"
+    fq = f"{server}/{tool}"
+    if not name_matches(entry.allowed_tools, fq):
+        return f"tool {fq!r} is not allowed for identity {identity!r}"
+    return None
+
+
+def time_verdict(
+    restrictions: Sequence[TimeRestriction], server: str, tool: str, now: datetime
+) -> tuple[TimeRestriction, str] | None:
+    """The first restriction that the call is outside of, with the reason."""
+    for tr in restrictions:
+        if tr.servers and server not in tr.servers and "*" not in tr.servers:
+            continue
+        if not any(rx.fullmatch(tool) for rx in tr.tools):
+            continue
+        if tr.denied_days:
+            local = now.astimezone(ZoneInfo(tr.timezone))
+            if local.isoweekday() in tr.denied_days:
+                return tr, f"time restriction {tr.name!r}: {local.strftime('%A')} is a denied day"
+        if tr.allowed_hours:
+            inside = False
+            for w in tr.allowed_hours:
+                local = now.astimezone(ZoneInfo(w.timezone))
+                if w.days and local.isoweekday() not in w.days:
+                    continue
+                minute = local.hour * 60 + local.minute
+                if w.start_minute <= w.end_minute:
+                    ok = w.start_minute <= minute < w.end_minute
+                else:  # a window across midnight, e.g. 22:00-06:00
+                    ok = minute >= w.start_minute or minute < w.end_minute
+                if ok:
+                    inside = True
+                    break
+            if not inside:
+                return tr, f"time restriction {tr.name!r}: outside the allowed hours"
+    return None
+
+
+def action_of(action: str) -> Action:
+    return "ask" if action in ("require_approval", "ask") else "deny" if action == "deny" else "allow"

@@ -1,0 +1,359 @@
+"""Destinations: recognising them in arguments, normalising them, and indexing
+what untrusted output has shown.
+
+A destination is reduced to a small set of keys (``email:a@b.c``,
+``url:https://h/p``, ``host:h``, ``channel:general``, ``phone:15551234``).
+Output is indexed into hash sets at observe time, so checking a destination
+costs the same after ten thousand outputs as after one.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from visor.policy.paths import snake
+
+# snake_case words that make an argument name destination-shaped, alone or as a
+# part: ``to``, ``recipient_email``, ``toAddress``, ``webhook_url``, ``channel_id``.
+_DEST_WORDS: frozenset[str] = frozenset(
+    {
+        "to",
+        "cc",
+        "bcc",
+        "recipient",
+        "recipients",
+        "email",
+        "emails",
+        "mail",
+        "url",
+        "urls",
+        "webhook",
+        "webhooks",
+        "channel",
+        "channels",
+        "address",
+        "addresses",
+        "endpoint",
+        "host",
+        "hostname",
+        "domain",
+        "invitee",
+        "invitees",
+        "attendee",
+        "attendees",
+        "share",
+        "phone",
+        "destination",
+        "dest",
+        "callback",
+        "mailto",
+    }
+)
+# Words that disqualify: ``image_url`` to read, ``from`` address, a ``base_url`` to fetch from.
+_NOT_DEST_WORDS: frozenset[str] = frozenset({"from", "sender", "image", "avatar", "thumbnail", "source"})
+
+
+def is_destination_name(name: str) -> bool:
+    words = snake(name).split("_")
+    if any(w in _NOT_DEST_WORDS for w in words):
+        return False
+    return any(w in _DEST_WORDS for w in words)
+
+
+# ------------------------------------------------------------- normalising
+
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+_EMAIL_RE = re.compile(r"[^\s@<>()\[\]\\,;:\"'`]+@[^\s@<>()\[\]\\,;:\"'`/?#]+\.[^\s@<>()\[\]\\,;:\"'`/?#.]+")
+_URL_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>\"'`]+")
+_HOST_RE = re.compile(
+    r"(?<![\w.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}(?![\w-])", re.I
+)
+_FULL_HOST_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}\.?")
+_CHANNEL_RE = re.compile(r"[#@]?[\w.\-]{1,80}")
+_PHONE_RE = re.compile(r"\+?[\d\s().\-]{7,24}")
+_TOKEN_SPLIT = re.compile(r"[\s,;<>()\[\]{}\"'`|]+")
+_EDGE = ".:!?*#@/\\=&"
+
+
+def _clean(raw: str) -> str:
+    s = unicodedata.normalize("NFKC", raw).translate(_INVISIBLE)
+    for _ in range(3):  # nested percent-encoding, bounded
+        t = unquote(s)
+        if t == s:
+            break
+        s = t
+    return html.unescape(s).strip()
+
+
+def _host_key(host: str) -> str:
+    host = host.strip().rstrip(".").lower()
+    try:
+        if host.startswith("xn--") or ".xn--" in host:
+            host = host.encode("ascii").decode("idna")
+    except UnicodeError:
+        pass
+    return host
+
+
+def _url_keys(value: str) -> list[str] | None:
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme == "mailto":
+        return None
+    if not host:
+        return None
+    host = _host_key(host)
+    default = {"http": 80, "https": 443}.get(scheme)
+    netloc = host if port in (None, default) else f"{host}:{port}"
+    path = parts.path or "/"
+    url = f"{scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else "")
+    return [f"url:{url}", f"host:{host}"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dest:
+    """One destination found in an argument value."""
+
+    kind: str  # email | url | host | channel | phone | opaque
+    key: str  # "kind:value"; what approvals and trust lists compare
+    keys: tuple[str, ...]  # every key to look up in the output index
+    domain: str | None = None  # for emails and URLs
+
+    @property
+    def value(self) -> str:
+        return self.key.split(":", 1)[1]
+
+
+def _email(addr: str) -> Dest | None:
+    addr = re.sub(r"\s+", "", addr)
+    if addr.count("@") != 1 or _EMAIL_RE.fullmatch(addr) is None:
+        return None
+    local, domain = addr.rsplit("@", 1)
+    local = local.casefold()
+    domain = _host_key(domain)
+    key = f"email:{local}@{domain}"
+    keys = [key]
+    if "+" in local:  # sub-addressing delivers to the same mailbox
+        keys.append(f"email:{local.split('+', 1)[0]}@{domain}")
+    return Dest("email", key, tuple(keys), domain)
+
+
+def parse(raw: str) -> list[Dest]:
+    """Every destination in one argument string; never empty for a non-empty string.
+
+    What cannot be placed (an assembled, encoded or malformed value) comes back
+    as an ``opaque`` destination, which the provenance check sends to a human.
+    """
+    s = _clean(raw)
+    if not s:
+        return []
+    if s[:7].lower() == "mailto:":
+        body, _, query = s[7:].partition("?")
+        pieces = [p for p in re.split(r"[,;]", body) if p.strip()]
+        pieces += [v for k, v in parse_qsl(query) if k.lower() in ("to", "cc", "bcc")]
+        out: list[Dest] = []
+        for p in pieces:
+            out.extend(parse(p))
+        return out or [Dest("opaque", f"opaque:{s.casefold()}", (f"token:{s.casefold()}",))]
+    if "://" in s and _URL_RE.fullmatch(s):
+        keys = _url_keys(s)
+        if keys is None:
+            return [Dest("opaque", f"opaque:{s.casefold()}", (f"token:{s.casefold()}",))]
+        return [Dest("url", keys[0], tuple(keys), keys[1][5:])]
+    brackets = re.findall(r"<([^<>]*)>", s)
+    if brackets:  # "Name <addr>, Other <addr2>"
+        out = []
+        for inner in brackets:
+            out.extend(parse(inner))
+        rest = re.sub(r"<[^<>]*>", " ", s)
+        out.extend(d for part in re.split(r"[,;]", rest) for d in _parse_piece_if_address(part))
+        return out
+    if re.search(r"[,;]", s) or (" " in s and "@" in s and s.count("@") > 1):
+        out = []
+        for part in re.split(r"[,;\s]+", s):
+            if part:
+                out.extend(parse(part))
+        return out
+    return [_parse_piece(s)]
+
+
+def _parse_piece_if_address(part: str) -> list[Dest]:
+    # text outside angle brackets is a display name unless it is itself an address
+    part = part.strip().strip('"')
+    if "@" in part or "://" in part:
+        return [_parse_piece(part)]
+    return []
+
+
+def _parse_piece(s: str) -> Dest:
+    folded = s.casefold()
+    if "@" in s and not s.startswith("@"):
+        d = _email(s)
+        return d or Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
+    if "://" in s:
+        keys = _url_keys(s)
+        if keys:
+            return Dest("url", keys[0], tuple(keys), keys[1][5:])
+        return Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
+    if _FULL_HOST_RE.fullmatch(folded) and not folded.replace(".", "").isdigit():
+        host = _host_key(folded)
+        return Dest("host", f"host:{host}", (f"host:{host}", f"token:{host}"), host)
+    if _PHONE_RE.fullmatch(s) and sum(c.isdigit() for c in s) >= 7:
+        digits = "".join(c for c in s if c.isdigit())
+        return Dest("phone", f"phone:{digits}", (f"phone:{digits}",))
+    if _CHANNEL_RE.fullmatch(s):
+        name = folded.lstrip("#@")
+        return Dest("channel", f"channel:{name}", (f"token:{name}",))
+    return Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
+
+
+def iter_values(value: object) -> Iterator[str]:
+    """Every string inside a (possibly nested) argument value."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            yield str(v)  # a numeric channel or phone id
+
+
+def domain_matches(domain: str, pattern: str) -> bool:
+    """Exact, case-insensitive; ``*.acme.com`` matches strict subdomains only."""
+    if pattern.startswith("*."):
+        return domain.endswith(pattern[1:])
+    return domain == pattern
+
+
+def domain_within(domain: str, pattern: str) -> bool:
+    """For deny lists: the domain itself or any subdomain of it."""
+    p = pattern[2:] if pattern.startswith("*.") else pattern
+    return domain == p or domain.endswith("." + p)
+
+
+# ------------------------------------------------------------- trust lists
+
+
+@dataclass(frozen=True, slots=True)
+class TrustList:
+    """Destinations an operator vouches for, pre-split for O(1) lookups."""
+
+    keys: frozenset[str]  # exact keys: email:, host:, channel:, phone:, opaque:
+    domains: frozenset[str]  # "acme.com": email or URL at exactly that domain
+    suffixes: tuple[str, ...]  # ".acme.com": strict subdomains
+    url_prefixes: tuple[str, ...]  # "url:https://hooks.example.com/services/T0/"
+
+    def covers(self, d: Dest) -> bool:
+        if d.key in self.keys:
+            return True
+        if d.domain is not None and d.kind in ("email", "url", "host"):
+            if d.domain in self.domains:
+                return True
+            if any(d.domain.endswith(s) for s in self.suffixes):
+                return True
+        if d.kind == "url":
+            return any(d.key == p.rstrip("/") or d.key.startswith(p) for p in self.url_prefixes)
+        return False
+
+
+def build_trust(entries: tuple[str, ...] | list[str]) -> TrustList:
+    keys: set[str] = set()
+    domains: set[str] = set()
+    suffixes: list[str] = []
+    prefixes: list[str] = []
+    for raw in entries:
+        s = raw.strip()
+        if s.startswith("*."):
+            suffixes.append(_host_key(s[1:]))
+            continue
+        if s.startswith("@") and "." in s:
+            domains.add(_host_key(s[1:]))
+            continue
+        for d in parse(s):
+            if d.kind == "host":
+                domains.add(d.value)
+            elif d.kind == "url":
+                url = d.key
+                prefixes.append(url if url.endswith("/") else url + "/")
+                keys.add(url)
+            else:
+                keys.add(d.key)
+    return TrustList(frozenset(keys), frozenset(domains), tuple(suffixes), tuple(prefixes))
+
+
+EMPTY_TRUST = TrustList(frozenset(), frozenset(), (), ())
+
+
+# ------------------------------------------------------------- output index
+
+
+class OutputIndex:
+    """Keys of every destination-like token seen in untrusted output.
+
+    ``add`` tokenises once; ``seen`` is a handful of set lookups. Extraction is
+    deliberately generous (every word becomes a token) because a false hit
+    costs a deny, while a miss would let an injected destination through as an
+    ask.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        keys = self._keys
+        variants = {text}
+        cleaned = _clean(text)
+        variants.add(cleaned)
+        for s in variants:
+            for m in _URL_RE.finditer(s):
+                url = m.group(0).rstrip(".,;:!?)]}'\"")
+                k = _url_keys(url)
+                if k:
+                    keys.update(k)
+            for m in _EMAIL_RE.finditer(s):
+                d = _email(m.group(0).rstrip("."))
+                if d is not None:
+                    keys.update(d.keys)
+            for m in _HOST_RE.finditer(s):
+                keys.add("host:" + _host_key(m.group(0)))
+            for m in _PHONE_RE.finditer(s):
+                digits = "".join(c for c in m.group(0) if c.isdigit())
+                if len(digits) >= 7:
+                    keys.add("phone:" + digits)
+            for tok in _TOKEN_SPLIT.split(s.casefold()):
+                tok = tok.strip(_EDGE)
+                if tok:
+                    keys.add("token:" + tok)
+                    if "/" in tok or ":" in tok:  # "see #ops/team:" style fragments
+                        for sub in re.split(r"[/:=&?]+", tok):
+                            sub = sub.strip(_EDGE)
+                            if sub:
+                                keys.add("token:" + sub)
+
+    def seen(self, d: Dest) -> bool:
+        keys = self._keys
+        return any(k in keys for k in d.keys)
+
+    def export(self) -> set[str]:
+        return set(self._keys)

@@ -1,0 +1,454 @@
+"""The evaluator: one tools/call in, one Decision out. Pure and synchronous.
+
+``evaluate`` runs a fixed list of small named checks in the documented order
+(docs/policy.md, "Decision order"). A check may deny, ask or pass. The first
+deny wins at once; an ask is remembered and returned only after every later
+check has had its chance to deny, so an ask never hides a deny.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Literal
+
+import orjson
+
+from visor.policy import chains, paths, rules
+from visor.policy import destinations as dst
+from visor.policy.schema import Policy, ToolPolicy
+
+if TYPE_CHECKING:
+    from visor.session import Effective, SessionState
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    server: str  # the --server-name given to `visor run` ("" when none)
+    tool: str
+    arguments: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    action: Literal["allow", "deny", "ask"]
+    rule: str
+    reason: str
+    destination: str | None = None
+    argument: str | None = None
+
+
+class _Ctx:
+    """Per-call facts computed at most once and shared by the checks."""
+
+    __slots__ = ("_paths", "call", "eff", "now", "policy", "prefix", "session")
+
+    def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime) -> None:
+        self.policy = policy
+        self.session = session
+        self.call = call
+        self.now = now
+        self.eff: Effective = session.effective(call.tool)
+        srv = session.server_entry
+        self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
+        self._paths: list[tuple[str, str, tuple[str, ...]]] | None = None
+
+    @property
+    def entry(self) -> ToolPolicy | None:
+        return self.eff.entry
+
+    def paths(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """``(argument, raw, forms)`` for every path-like value; raises PathError."""
+        if self._paths is None:
+            extra = self.entry.write_params if self.entry is not None else ()
+            self._paths = [
+                (name, raw, paths.forms(raw))
+                for name, raw in paths.iter_path_values(self.call.arguments, extra)
+            ]
+        return self._paths
+
+
+Check = Callable[[_Ctx], "Decision | None"]
+
+
+def _deny(rule: str, reason: str, **kw: str | None) -> Decision:
+    return Decision("deny", rule, reason, **kw)  # type: ignore[arg-type]
+
+
+def _ask(rule: str, reason: str, **kw: str | None) -> Decision:
+    return Decision("ask", rule, reason, **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ 2. pins
+
+
+def check_server_pin(c: _Ctx) -> Decision | None:
+    if c.session.server_changed:
+        return _deny("pin.server_changed", "the server identifies itself differently from when it was pinned")
+    return None
+
+
+def check_tool_pin(c: _Ctx) -> Decision | None:
+    s, tool = c.session, c.call.tool
+    if not s.pins:
+        if s.listing_seen:
+            return _deny("pin.unknown_tool", f"tool {tool!r} was not in the server's tools/list")
+        # A client normally lists tools first. Without a list there is nothing
+        # to pin against, so a human decides (and no answer means deny).
+        return _ask("pin.no_tools_list", f"tool {tool!r} was called before the server's tools were listed")
+    if tool not in s.pins:
+        return _deny("pin.unknown_tool", f"tool {tool!r} was not in the server's tools/list")
+    if tool in s.changed:
+        return _deny(
+            "pin.changed_tool", f"tool {tool!r} changed its description or schema since it was first listed"
+        )
+    if tool in s.late:
+        return _deny(
+            "pin.new_tool",
+            f"tool {tool!r} appeared after the first tools/list; it is not trusted on first use",
+        )
+    return None
+
+
+# ------------------------------------------------------------------ 3. limits
+
+
+def check_argument_size(c: _Ctx) -> Decision | None:
+    limit = c.policy.settings.max_argument_size_bytes
+    try:
+        size = len(orjson.dumps(c.call.arguments))
+    except TypeError:  # integers beyond 64 bits and the like
+        import json
+
+        size = len(json.dumps(c.call.arguments).encode())
+    if size > limit:
+        return _deny("limits.argument_size", f"arguments are {size} bytes, over the limit of {limit}")
+    return None
+
+
+def check_session_budget(c: _Ctx) -> Decision | None:
+    limit = c.policy.settings.session_max_calls
+    if limit is not None and c.session.calls_total >= limit:
+        return _deny("budget.session_calls", f"the session has used its budget of {limit} calls")
+    return None
+
+
+def check_session_timeout(c: _Ctx) -> Decision | None:
+    limit = c.policy.settings.session_timeout_seconds
+    if limit is not None and (c.now - c.session.started_at).total_seconds() > limit:
+        return _deny("limits.session_timeout", f"the session is older than {limit} seconds")
+    return None
+
+
+def check_tool_budget(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None or entry.max_calls is None:
+        return None
+    if entry.max_calls == 0:
+        return _deny("budget.max_calls", f"tool {c.call.tool!r} is forbidden (max_calls: 0)")
+    used = c.session.tool_calls.get(c.call.tool, 0)
+    if used >= entry.max_calls:
+        return _deny(
+            "budget.max_calls", f"tool {c.call.tool!r} has used its budget of {entry.max_calls} calls"
+        )
+    return None
+
+
+# ------------------------------------------------------------------ 4. registration
+
+
+def check_registration(c: _Ctx) -> Decision | None:
+    srv = c.session.server_entry
+    default_deny = c.policy.default_action == "deny"
+    if srv is None:
+        if default_deny:
+            return _deny("registration.unknown_server", f"server {c.call.server!r} is not in the policy")
+        return None
+    if not srv.allowed:
+        return _deny(f"servers[{srv.name}].allowed", f"server {srv.name!r} is not allowed by the policy")
+    if not c.eff.registered:
+        if default_deny:
+            return _deny("registration.unknown_tool", f"tool {c.call.tool!r} is not in the policy")
+        return None
+    entry = c.entry
+    if entry is not None and entry.allowed is False:
+        return _deny(f"{c.prefix}.allowed", f"tool {c.call.tool!r} is not allowed by the policy")
+    return None
+
+
+# ------------------------------------------------------------------ 5. arguments
+
+
+def check_sensitive_paths(c: _Ctx) -> Decision | None:
+    extra = c.policy.settings.sensitive_paths
+    try:
+        found = c.paths()
+    except paths.PathError as e:
+        return _deny("path.invalid", f"a path argument cannot be checked: {e}")
+    for name, _raw, forms in found:
+        for form in forms:
+            if paths.is_sensitive(form, extra):
+                return _deny(
+                    "path.sensitive", f"argument {name!r} names a sensitive file ({form})", argument=name
+                )
+    return None
+
+
+def check_path_rules(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None or not entry.rules:
+        return None
+    found = c.paths()
+    for rule in entry.rules:
+        if rule.type == "deny_path":
+            for name, raw, forms in found:
+                for candidate in (raw.strip(), *forms):
+                    if any(g.match(candidate) for g in rule.globs):
+                        return _deny(
+                            f"{c.prefix}.deny_path",
+                            f"argument {name!r} ({forms[0]}) matches a deny_path pattern",
+                        )
+        elif rule.type == "allow_path":
+            for name, _raw, forms in found:
+                for form in forms:
+                    if not any(g.match(form) for g in rule.globs):
+                        return _deny(
+                            f"{c.prefix}.allow_path",
+                            f"argument {name!r} ({form}) is outside every allow_path pattern",
+                        )
+    return None
+
+
+def _prefix_targets(c: _Ctx, entry: ToolPolicy) -> Iterator[tuple[str, tuple[str, ...]]]:
+    found = c.paths()
+    if not entry.write_params:
+        for name, _raw, forms in found:
+            yield name, forms
+        return
+    wanted = set(entry.write_params)
+    for name, _raw, forms in found:
+        if name in wanted:
+            yield name, forms
+
+
+def check_path_prefixes(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None or not entry.allowed_path_prefixes:
+        return None
+    allowed = entry.allowed_path_prefixes + entry.prefix_alts
+    for name, forms in _prefix_targets(c, entry):
+        for form in forms:
+            if not any(paths.under_prefix(form, p) for p in allowed):
+                return _deny(
+                    f"{c.prefix}.allowed_path_prefixes",
+                    f"argument {name!r} ({form}) is outside the allowed path prefixes",
+                    argument=name,
+                )
+    return None
+
+
+def check_argument_rules(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None or not entry.rules:
+        return None
+    args = c.call.arguments
+    for rule in entry.rules:
+        fn = rules.ARGUMENT_CHECKS.get(rule.type)
+        if fn is None:
+            continue
+        reason = fn(rule, args)
+        if reason is not None:
+            return _deny(f"{c.prefix}.{rule.type}", reason)
+    return None
+
+
+def check_arg_patterns(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None or not entry.arg_patterns:
+        return None
+    args = c.call.arguments
+    for name, rx in entry.arg_patterns:
+        if name not in args:
+            continue
+        for value in dst.iter_values(args[name]):
+            if rx.fullmatch(value) is None:
+                return _deny(
+                    f"{c.prefix}.arg_patterns",
+                    f"argument {name!r} does not match {rx.pattern!r}",
+                    argument=name,
+                )
+    return None
+
+
+# ------------------------------------------------------------------ 6. provenance
+
+
+def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
+    """``(argument, string value)`` pairs to treat as destinations; [] if not a sending call."""
+    entry, args = c.entry, c.call.arguments
+    exfil = entry.exfiltrating if entry is not None else None
+    if exfil is False or (exfil is None and not c.eff.fallback):
+        return []
+    sinks = set(entry.sink_params) if entry is not None else set()
+    out: list[tuple[str, str]] = []
+    for k, v in args.items():
+        if k in sinks or dst.is_destination_name(k):
+            out.extend((k, s) for s in dst.iter_values(v) if s.strip())
+    if not out and exfil is True and not sinks:
+        # a sending tool with no declared destination: every address-shaped value counts
+        for k, v in args.items():
+            for s in dst.iter_values(v):
+                if any(d.kind in ("email", "url") for d in dst.parse(s)):
+                    out.append((k, s))
+    return out
+
+
+def check_provenance(c: _Ctx) -> Decision | None:
+    pairs = _destination_args(c)
+    if not pairs:
+        return None
+    session, trust = c.session, c.eff.trust
+    srv = session.server_entry
+    denied = srv.denied_destinations if srv is not None else ()
+    parsed = [(arg, d) for arg, value in pairs for d in dst.parse(value)]
+    # every deny first ...
+    for arg, d in parsed:
+        if denied and d.domain and any(dst.domain_within(d.domain, p) for p in denied):
+            return _deny(
+                "provenance.denied_destination",
+                f"{d.value} is a denied destination",
+                destination=d.key,
+                argument=arg,
+            )
+        # Output is untrusted: a destination it showed is refused, unless the
+        # operator listed that exact destination (a domain or prefix in the
+        # trust list does not vouch for every address under it).
+        if session.output.seen(d) and d.key not in trust.keys:
+            return _deny(
+                "provenance.untrusted_output",
+                f"destination {d.value} in argument {arg!r} appeared in this session's tool output",
+                destination=d.key,
+                argument=arg,
+            )
+    # ... then what a human must place
+    tool = c.call.tool
+    for arg, d in parsed:
+        if trust.covers(d) or (tool, arg, d.key) in session.approvals:
+            continue
+        rule = "provenance.unplaceable" if d.kind == "opaque" else "provenance.unknown_destination"
+        what = (
+            "cannot be read as an address"
+            if d.kind == "opaque"
+            else "is not a trusted or approved destination"
+        )
+        return _ask(
+            rule, f"destination {d.value} in argument {arg!r} {what}", destination=d.key, argument=arg
+        )
+    return None
+
+
+# ------------------------------------------------------------------ 7. session rules
+
+
+def check_egress(c: _Ctx) -> Decision | None:
+    if not c.session.taints:
+        return None
+    hit = chains.egress_hit(c.policy.egress_controls, c.session.taints, c.call.server, c.call.tool)
+    if hit is None:
+        return None
+    reason = (
+        hit.reason or f"the session is tainted ({hit.when_tainted}) and {c.call.tool!r} is an egress sink"
+    )
+    return Decision(hit.action, f"egress_controls[{hit.name}]", reason)
+
+
+def check_chains(c: _Ctx) -> Decision | None:
+    window = c.policy.settings.chain_window_size
+    for chain in c.policy.tool_chains:
+        if chain.action == "allow":
+            continue
+        if chains.chain_hit(chain, c.session.history, window, c.call.server, c.call.tool):
+            return Decision(
+                chain.action, f"tool_chains[{chain.name}]", f"call completes the tool chain {chain.name!r}"
+            )
+    return None
+
+
+def check_identity(c: _Ctx) -> Decision | None:
+    if not c.policy.identities or not c.session.identity:
+        return None
+    reason = chains.identity_verdict(c.policy.identities, c.session.identity, c.call.server, c.call.tool)
+    if reason is not None:
+        return _deny(f"identities[{c.session.identity}]", reason)
+    return None
+
+
+def check_time(c: _Ctx) -> Decision | None:
+    if not c.policy.time_restrictions:
+        return None
+    hit = chains.time_verdict(c.policy.time_restrictions, c.call.server, c.call.tool, c.now)
+    if hit is None:
+        return None
+    tr, reason = hit
+    return Decision(tr.outside_action, f"time_restrictions[{tr.name}]", reason)
+
+
+# ------------------------------------------------------------------ 8. approvals
+
+
+def check_approval(c: _Ctx) -> Decision | None:
+    entry = c.entry
+    if entry is None:
+        return None
+    for rule in entry.rules:
+        if rule.type == "require_approval_always":
+            return _ask(f"{c.prefix}.require_approval_always", f"tool {c.call.tool!r} always needs approval")
+    if entry.approval_required:
+        return _ask(f"{c.prefix}.approval_required", f"tool {c.call.tool!r} needs approval")
+    return None
+
+
+#: The decision order. Names are stable: tests and docs refer to them.
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("pin.server", check_server_pin),
+    ("pin.tool", check_tool_pin),
+    ("limits.argument_size", check_argument_size),
+    ("budget.session_calls", check_session_budget),
+    ("limits.session_timeout", check_session_timeout),
+    ("budget.max_calls", check_tool_budget),
+    ("registration", check_registration),
+    ("path.sensitive", check_sensitive_paths),
+    ("rules.paths", check_path_rules),
+    ("rules.path_prefixes", check_path_prefixes),
+    ("rules.arguments", check_argument_rules),
+    ("rules.arg_patterns", check_arg_patterns),
+    ("provenance", check_provenance),
+    ("egress_controls", check_egress),
+    ("tool_chains", check_chains),
+    ("identities", check_identity),
+    ("time_restrictions", check_time),
+    ("approval", check_approval),
+)
+
+
+def evaluate(policy: Policy, session: SessionState, call: ToolCall, now: datetime | None = None) -> Decision:
+    """Decide one call. Never mutates ``session``."""
+    ctx = _Ctx(policy, session, call, now if now is not None else datetime.now(UTC))
+    pending: Decision | None = None
+    for _name, check in CHECKS:
+        try:
+            d = check(ctx)
+        except paths.PathError as e:
+            return _deny("path.invalid", f"a path argument cannot be checked: {e}")
+        if d is None:
+            continue
+        if d.action == "deny":
+            return d
+        if d.action == "ask" and pending is None:
+            pending = d
+    if pending is not None:
+        return pending
+    if not ctx.eff.registered:
+        return Decision("allow", "default_action", "allowed: the policy's default_action is allow")
+    return Decision("allow", ctx.prefix, "allowed by policy")

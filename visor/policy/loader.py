@@ -1,0 +1,875 @@
+"""YAML -> Policy, strictly.
+
+The YAML is composed into nodes (which keep their line numbers) and read by a
+small typed reader: unknown keys, duplicate keys, wrong scalar types, negative
+numbers, bad regexes and missing required keys are all errors that name the
+file, the line and the key path. Nothing is defaulted silently where the
+mcp-visor loader would have read a missing ``allowed`` as false.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from importlib import resources
+from typing import Any, NoReturn
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from visor.policy import destinations as dst
+from visor.policy import paths
+from visor.policy.schema import (
+    RULE_TYPES,
+    Action,
+    ChainMatch,
+    EgressControl,
+    Glob,
+    Identity,
+    Pack,
+    Policy,
+    Redaction,
+    RedactionPattern,
+    Rule,
+    ServerPolicy,
+    Settings,
+    Taint,
+    TimeRestriction,
+    TimeWindow,
+    ToolChain,
+    ToolPolicy,
+)
+
+
+class PolicyError(Exception):
+    """A policy that must not be used. ``str(e)`` is ``file:line: key.path: message``."""
+
+    def __init__(self, source: str, line: int, key: str, message: str) -> None:
+        self.source = source
+        self.line = line
+        self.key = key
+        self.message = message
+        where = f"{source}:{line}" if line else source
+        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+
+_TAG = "tag:yaml.org,2002:"
+_DAYS = {
+    "monday": 1,
+    "tuesday": 2,
+    "wednesday": 3,
+    "thursday": 4,
+    "friday": 5,
+    "saturday": 6,
+    "sunday": 7,
+    "mon": 1,
+    "tue": 2,
+    "wed": 3,
+    "thu": 4,
+    "fri": 5,
+    "sat": 6,
+    "sun": 7,
+}
+_HINTS = {
+    ("server", "rules"): "rules belong to a tool entry under tools:, not to the server",
+    ("server", "risk"): "risk belongs to a tool entry under tools:, not to the server",
+    ("server", "approval_required"): "approval_required belongs to a tool entry under tools:",
+    ("server", "exfiltrating"): "exfiltrating belongs to a tool entry under tools:",
+    ("server", "max_calls"): "max_calls belongs to a tool entry under tools:",
+    ("tool", "tools"): "tools: belongs to a server entry",
+    ("tool", "patterns"): "patterns belong to a rule under rules:",
+}
+
+
+class _Reader:
+    """Typed access to composed YAML nodes, with errors that carry marks."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, node: Node | None, key: str, message: str) -> NoReturn:
+        line = node.start_mark.line + 1 if node is not None else 0
+        raise PolicyError(self.source, line, key, message)
+
+    def mapping(
+        self,
+        node: Node,
+        key: str,
+        allowed: set[str] | frozenset[str],
+        required: tuple[str, ...] = (),
+        kind: str = "",
+    ) -> dict[str, Node]:
+        if not isinstance(node, MappingNode):
+            self.fail(node, key, f"expected a mapping, got {_kind(node)}")
+        out: dict[str, Node] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, ScalarNode) or knode.tag != _TAG + "str":
+                self.fail(knode, key, f"keys must be strings, got {_kind(knode)}")
+            name = knode.value
+            if name in out:
+                self.fail(knode, f"{key}.{name}" if key else name, f"duplicate key {name!r}")
+            if name not in allowed:
+                hint = _HINTS.get((kind, name))
+                where = f" at {kind} level" if kind else ""
+                extra = f" ({hint})" if hint else f"; expected one of: {', '.join(sorted(allowed))}"
+                self.fail(knode, f"{key}.{name}" if key else name, f"unknown key {name!r}{where}{extra}")
+            out[name] = vnode
+        for r in required:
+            if r not in out:
+                self.fail(node, f"{key}.{r}" if key else r, f"missing required key {r!r}")
+        return out
+
+    def str_(self, node: Node, key: str, nonempty: bool = True) -> str:
+        if not isinstance(node, ScalarNode) or node.tag != _TAG + "str":
+            self.fail(node, key, f"expected a string, got {_kind(node)}")
+        value = str(node.value)
+        if nonempty and not value.strip():
+            self.fail(node, key, "must not be empty")
+        return value
+
+    def bool_(self, node: Node, key: str) -> bool:
+        if not isinstance(node, ScalarNode) or node.tag != _TAG + "bool":
+            self.fail(node, key, f"expected true or false, got {_kind(node)}")
+        return node.value.lower() in ("true", "yes", "on")
+
+    def int_(self, node: Node, key: str, minimum: int = 0) -> int:
+        if not isinstance(node, ScalarNode) or node.tag != _TAG + "int":
+            self.fail(node, key, f"expected an integer, got {_kind(node)}")
+        try:
+            value = int(node.value.replace("_", ""), 0)
+        except ValueError:
+            self.fail(node, key, f"expected an integer, got {node.value!r}")
+        if value < minimum:
+            self.fail(node, key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def list_(self, node: Node, key: str) -> list[Node]:
+        if isinstance(node, ScalarNode) and node.tag == _TAG + "null":
+            return []
+        if not isinstance(node, SequenceNode):
+            self.fail(node, key, f"expected a list, got {_kind(node)}")
+        return list(node.value)
+
+    def strs(self, node: Node, key: str, nonempty: bool = False) -> tuple[str, ...]:
+        items = self.list_(node, key)
+        if nonempty and not items:
+            self.fail(node, key, "must not be an empty list")
+        return tuple(self.str_(n, f"{key}[{i}]") for i, n in enumerate(items))
+
+    def choice(self, node: Node, key: str, choices: tuple[str, ...]) -> str:
+        value = self.str_(node, key)
+        if value not in choices:
+            self.fail(node, key, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def regex(self, node: Node, key: str, flags: int = 0) -> re.Pattern[str]:
+        text = self.str_(node, key)
+        try:
+            return re.compile(text, flags)
+        except re.error as e:
+            self.fail(node, key, f"regular expression {text!r} does not compile: {e}")
+
+    def glob(self, node: Node, key: str) -> Glob:
+        text = self.str_(node, key)
+        if not text.startswith(("/", "*")) and not text.startswith("~"):
+            # relative globs resolve against the working directory, like relative paths
+            text = os.path.join(os.getcwd(), text)
+        elif text.startswith("~"):
+            text = os.path.expanduser(text)
+        try:
+            return paths.compile_glob(text)
+        except re.error as e:
+            self.fail(node, key, f"glob {text!r} does not compile: {e}")
+
+
+def _kind(node: Node | None) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if isinstance(node, ScalarNode):
+        t = node.tag.removeprefix(_TAG)
+        return {
+            "str": "a string",
+            "int": "an integer",
+            "bool": "a boolean",
+            "null": "null",
+            "float": "a number",
+        }.get(t, t) + (f" ({node.value!r})" if t != "null" else "")
+    return "nothing"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that composes only; duplicate keys are caught by the reader."""
+
+
+# ----------------------------------------------------------------- sections
+
+_TOP = frozenset(
+    {
+        "version",
+        "description",
+        "default_action",
+        "settings",
+        "servers",
+        "tool_chains",
+        "taints",
+        "egress_controls",
+        "identities",
+        "time_restrictions",
+        "redaction",
+    }
+)
+_SETTINGS = frozenset(
+    {
+        "max_argument_size_bytes",
+        "max_output_size_bytes",
+        "session_max_tools",
+        "session_max_calls",
+        "session_timeout_seconds",
+        "approval_timeout_seconds",
+        "chain_window_size",
+        "log_level",
+        "identity",
+        "packs",
+        "sensitive_paths",
+    }
+)
+_SERVER = frozenset(
+    {
+        "name",
+        "transport",
+        "allowed",
+        "allowed_destinations",
+        "denied_destinations",
+        "description",
+        "tools",
+        "packs",
+    }
+)
+_TOOL_COMMON = frozenset(
+    {
+        "name",
+        "description",
+        "exfiltrating",
+        "sink_params",
+        "trusted_destinations",
+        "write_params",
+        "allowed_path_prefixes",
+        "arg_patterns",
+        "max_calls",
+    }
+)
+_TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "rules"}
+_RULE_KEYS: dict[str, frozenset[str]] = {
+    "deny_path": frozenset({"patterns"}),
+    "allow_path": frozenset({"patterns"}),
+    "deny_command_pattern": frozenset({"patterns"}),
+    "allow_command_pattern": frozenset({"patterns"}),
+    "deny_command_keyword": frozenset({"keywords"}),
+    "deny_query_pattern": frozenset({"patterns"}),
+    "allow_query_pattern": frozenset({"patterns"}),
+    "deny_recipient_domain": frozenset({"domains"}),
+    "allow_recipient_domain": frozenset({"domains"}),
+    "allowed_repos": frozenset({"repos"}),
+    "max_file_size": frozenset({"bytes"}),
+    "max_result_rows": frozenset({"rows"}),
+    "require_approval_always": frozenset(),
+}
+_ACTIONS = ("deny", "require_approval", "ask", "allow")
+_RISKS = ("low", "medium", "high", "critical", "unknown")
+
+
+def _action(r: _Reader, node: Node, key: str, allow_allow: bool = True) -> Action:
+    choices = _ACTIONS if allow_allow else _ACTIONS[:3]
+    value = r.choice(node, key, choices)
+    return "ask" if value in ("require_approval", "ask") else "deny" if value == "deny" else "allow"
+
+
+def _settings(r: _Reader, node: Node) -> Settings:
+    m = r.mapping(node, "settings", _SETTINGS, kind="settings")
+    kw: dict[str, Any] = {}
+    if "session_max_tools" in m and "session_max_calls" in m:
+        r.fail(
+            m["session_max_calls"],
+            "settings.session_max_calls",
+            "give session_max_tools or session_max_calls, not both",
+        )
+    for key, field_name in (
+        ("max_argument_size_bytes", "max_argument_size_bytes"),
+        ("max_output_size_bytes", "max_output_size_bytes"),
+        ("session_max_tools", "session_max_calls"),
+        ("session_max_calls", "session_max_calls"),
+        ("session_timeout_seconds", "session_timeout_seconds"),
+        ("approval_timeout_seconds", "approval_timeout_seconds"),
+        ("chain_window_size", "chain_window_size"),
+    ):
+        if key in m:
+            value = r.int_(m[key], f"settings.{key}")
+            # As in mcp-visor, 0 means "not set" for settings (unlike a tool's max_calls).
+            if value == 0:
+                continue
+            kw[field_name] = value
+    if "log_level" in m:
+        kw["log_level"] = r.choice(
+            m["log_level"], "settings.log_level", ("debug", "info", "warn", "warning", "error")
+        )
+    if "identity" in m:
+        kw["identity"] = r.str_(m["identity"], "settings.identity")
+    if "packs" in m:
+        names = r.strs(m["packs"], "settings.packs")
+        available = _packs()
+        for i, name in enumerate(names):
+            if name not in available:
+                r.fail(
+                    m["packs"].value[i],
+                    f"settings.packs[{i}]",
+                    f"unknown pack {name!r}; built-in: {', '.join(sorted(available))}",
+                )
+        kw["packs"] = names
+    if "sensitive_paths" in m:
+        kw["sensitive_paths"] = tuple(
+            r.glob(n, f"settings.sensitive_paths[{i}]")
+            for i, n in enumerate(r.list_(m["sensitive_paths"], "settings.sensitive_paths"))
+        )
+    return Settings(**kw)
+
+
+def _rule(r: _Reader, node: Node, key: str) -> Rule:
+    if not isinstance(node, MappingNode):
+        r.fail(node, key, f"expected a mapping, got {_kind(node)}")
+    tnode = next((v for k, v in node.value if isinstance(k, ScalarNode) and k.value == "type"), None)
+    if tnode is None:
+        r.fail(node, f"{key}.type", "missing required key 'type'")
+    rtype = r.str_(tnode, f"{key}.type")
+    if rtype not in RULE_TYPES:
+        r.fail(
+            tnode,
+            f"{key}.type",
+            f"unknown rule type {rtype!r}; expected one of: {', '.join(sorted(RULE_TYPES))}",
+        )
+    specific = _RULE_KEYS[rtype]
+    m = r.mapping(
+        node, key, specific | {"type", "name", "description"}, tuple(sorted(specific)), kind=f"{rtype} rule"
+    )
+    line = node.start_mark.line + 1
+    if "patterns" in m:
+        pkey = f"{key}.patterns"
+        items = r.list_(m["patterns"], pkey)
+        if not items:
+            r.fail(m["patterns"], pkey, "must not be an empty list")
+        pats = tuple(r.str_(n, f"{pkey}[{i}]") for i, n in enumerate(items))
+        if rtype in ("deny_path", "allow_path"):
+            globs = tuple(r.glob(n, f"{pkey}[{i}]") for i, n in enumerate(items))
+            return Rule(rtype, line, patterns=pats, globs=globs)
+        # mcp-visor compiles command and query patterns case-insensitively; so does Visor.
+        regexes = tuple(r.regex(n, f"{pkey}[{i}]", re.IGNORECASE) for i, n in enumerate(items))
+        return Rule(rtype, line, patterns=pats, regexes=regexes)
+    if "keywords" in m:
+        kws = r.strs(m["keywords"], f"{key}.keywords", nonempty=True)
+        return Rule(rtype, line, keywords=tuple(" ".join(k.casefold().split()) for k in kws))
+    if "domains" in m:
+        doms = r.strs(m["domains"], f"{key}.domains", nonempty=True)
+        for i, d in enumerate(doms):
+            if "@" in d.lstrip("@") or "/" in d or " " in d.strip():
+                r.fail(m["domains"].value[i], f"{key}.domains[{i}]", f"{d!r} is not a domain")
+        return Rule(rtype, line, domains=tuple(d.strip().lstrip("@").rstrip(".").lower() for d in doms))
+    if "repos" in m:
+        repos = r.strs(m["repos"], f"{key}.repos", nonempty=True)
+        rx = tuple(re.compile(paths._translate(x.strip().casefold())) for x in repos)
+        return Rule(rtype, line, repos=repos, repo_regexes=rx)
+    if "bytes" in m:
+        return Rule(rtype, line, limit=r.int_(m["bytes"], f"{key}.bytes", minimum=1))
+    if "rows" in m:
+        return Rule(rtype, line, limit=r.int_(m["rows"], f"{key}.rows", minimum=1))
+    return Rule(rtype, line)
+
+
+def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPolicy:
+    allowed_keys = _TOOL_COMMON if in_pack else _TOOL
+    required = ("name",) if in_pack else ("name", "allowed")
+    m = r.mapping(node, key, allowed_keys, required, kind="pack tool" if in_pack else "tool")
+    name = r.str_(m["name"], f"{key}.name")
+    kw: dict[str, Any] = {"name": name, "origin": origin, "line": node.start_mark.line + 1}
+    if "allowed" in m:
+        kw["allowed"] = r.bool_(m["allowed"], f"{key}.allowed")
+    if "risk" in m:
+        kw["risk"] = r.choice(m["risk"], f"{key}.risk", _RISKS)
+    if "approval_required" in m:
+        kw["approval_required"] = r.bool_(m["approval_required"], f"{key}.approval_required")
+    if "description" in m:
+        kw["description"] = r.str_(m["description"], f"{key}.description", nonempty=False)
+    if "rules" in m:
+        kw["rules"] = tuple(
+            _rule(r, n, f"{key}.rules[{i}]") for i, n in enumerate(r.list_(m["rules"], f"{key}.rules"))
+        )
+    if "exfiltrating" in m:
+        kw["exfiltrating"] = r.bool_(m["exfiltrating"], f"{key}.exfiltrating")
+    for k in ("sink_params", "write_params"):
+        if k in m:
+            kw[k] = r.strs(m[k], f"{key}.{k}")
+    if "trusted_destinations" in m:
+        kw["trusted_destinations"] = r.strs(m["trusted_destinations"], f"{key}.trusted_destinations")
+    if "allowed_path_prefixes" in m:
+        pkey = f"{key}.allowed_path_prefixes"
+        prefixes: list[str] = []
+        alts: list[str] = []
+        for i, n in enumerate(r.list_(m["allowed_path_prefixes"], pkey)):
+            p = r.str_(n, f"{pkey}[{i}]")
+            if not p.startswith("/"):
+                r.fail(
+                    n,
+                    f"{pkey}[{i}]",
+                    f"path prefix {p!r} must be absolute (a relative prefix would depend on where the client starts Visor)",
+                )
+            norm = paths.normalise(p)
+            prefixes.append(norm)
+            real = os.path.realpath(norm)
+            if real != norm:
+                alts.append(real)
+        kw["allowed_path_prefixes"] = tuple(prefixes)
+        kw["prefix_alts"] = tuple(alts)
+    if "arg_patterns" in m:
+        akey = f"{key}.arg_patterns"
+        am = m["arg_patterns"]
+        if not isinstance(am, MappingNode):
+            r.fail(am, akey, f"expected a mapping of argument name to regex, got {_kind(am)}")
+        names = {k.value for k, _ in am.value if isinstance(k, ScalarNode)}
+        amap = r.mapping(am, akey, names)
+        kw["arg_patterns"] = tuple((a, r.regex(v, f"{akey}.{a}")) for a, v in amap.items())
+    if "max_calls" in m:
+        kw["max_calls"] = r.int_(m["max_calls"], f"{key}.max_calls")
+    return ToolPolicy(**kw)
+
+
+def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:
+    m = r.mapping(node, key, _SERVER, ("name", "allowed"), kind="server")
+    name = r.str_(m["name"], f"{key}.name")
+    tools: dict[str, ToolPolicy] = {}
+    for i, n in enumerate(r.list_(m["tools"], f"{key}.tools") if "tools" in m else []):
+        t = _tool(r, n, f"{key}.tools[{i}]", "policy", in_pack=False)
+        if t.name in tools:
+            r.fail(n, f"{key}.tools[{i}].name", f"duplicate tool {t.name!r} in server {name!r}")
+        tools[t.name] = t
+    packs = None
+    if "packs" in m:
+        packs = r.strs(m["packs"], f"{key}.packs")
+        for i, p in enumerate(packs):
+            if p not in _packs():
+                r.fail(
+                    m["packs"].value[i],
+                    f"{key}.packs[{i}]",
+                    f"unknown pack {p!r}; built-in: {', '.join(sorted(_packs()))}",
+                )
+    return ServerPolicy(
+        name=name,
+        allowed=r.bool_(m["allowed"], f"{key}.allowed"),
+        transport=r.str_(m["transport"], f"{key}.transport") if "transport" in m else None,
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        allowed_destinations=r.strs(m["allowed_destinations"], f"{key}.allowed_destinations")
+        if "allowed_destinations" in m
+        else (),
+        denied_destinations=r.strs(m["denied_destinations"], f"{key}.denied_destinations")
+        if "denied_destinations" in m
+        else (),
+        packs=packs,
+        tools=tools,
+        line=node.start_mark.line + 1,
+    )
+
+
+def _chain_match(r: _Reader, node: Node, key: str) -> ChainMatch:
+    m = r.mapping(node, key, {"server", "tool_pattern"}, ("tool_pattern",), kind="chain endpoint")
+    server = r.str_(m["server"], f"{key}.server") if "server" in m else "*"
+    pattern = r.str_(m["tool_pattern"], f"{key}.tool_pattern")
+    # anchored and case-insensitive, as mcp-visor reads it
+    rx = r.regex(m["tool_pattern"], f"{key}.tool_pattern", re.IGNORECASE)
+    return ChainMatch(server, pattern, rx)
+
+
+def _chain(r: _Reader, node: Node, key: str) -> ToolChain:
+    m = r.mapping(
+        node,
+        key,
+        {"name", "description", "sources", "sinks", "action", "within_calls"},
+        ("name", "sources", "sinks", "action"),
+        kind="chain",
+    )
+    srcs = r.list_(m["sources"], f"{key}.sources")
+    sinks = r.list_(m["sinks"], f"{key}.sinks")
+    if not srcs:
+        r.fail(m["sources"], f"{key}.sources", "must not be an empty list")
+    if not sinks:
+        r.fail(m["sinks"], f"{key}.sinks", "must not be an empty list")
+    return ToolChain(
+        name=r.str_(m["name"], f"{key}.name"),
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        sources=tuple(_chain_match(r, n, f"{key}.sources[{i}]") for i, n in enumerate(srcs)),
+        sinks=tuple(_chain_match(r, n, f"{key}.sinks[{i}]") for i, n in enumerate(sinks)),
+        action=_action(r, m["action"], f"{key}.action"),
+        within_calls=r.int_(m["within_calls"], f"{key}.within_calls", minimum=1)
+        if "within_calls" in m
+        else None,
+        line=node.start_mark.line + 1,
+    )
+
+
+def _taint(r: _Reader, node: Node, key: str) -> Taint:
+    m = r.mapping(
+        node,
+        key,
+        {"name", "description", "source_tools", "source_servers", "source_patterns"},
+        ("name", "source_tools"),
+        kind="taint",
+    )
+    return Taint(
+        name=r.str_(m["name"], f"{key}.name"),
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        source_tools=r.strs(m["source_tools"], f"{key}.source_tools", nonempty=True),
+        source_servers=r.strs(m["source_servers"], f"{key}.source_servers") if "source_servers" in m else (),
+        source_patterns=tuple(
+            r.glob(n, f"{key}.source_patterns[{i}]")
+            for i, n in enumerate(r.list_(m["source_patterns"], f"{key}.source_patterns"))
+        )
+        if "source_patterns" in m
+        else (),
+        line=node.start_mark.line + 1,
+    )
+
+
+def _egress(r: _Reader, node: Node, key: str, taint_names: set[str]) -> EgressControl:
+    m = r.mapping(
+        node,
+        key,
+        {"name", "description", "when_tainted", "sink_tools", "sink_servers", "action", "reason"},
+        ("name", "when_tainted", "sink_tools", "action"),
+        kind="egress control",
+    )
+    when = r.str_(m["when_tainted"], f"{key}.when_tainted")
+    if when not in taint_names:
+        r.fail(m["when_tainted"], f"{key}.when_tainted", f"no taint named {when!r} is defined under taints:")
+    return EgressControl(
+        name=r.str_(m["name"], f"{key}.name"),
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        when_tainted=when,
+        sink_tools=r.strs(m["sink_tools"], f"{key}.sink_tools", nonempty=True),
+        sink_servers=r.strs(m["sink_servers"], f"{key}.sink_servers") if "sink_servers" in m else (),
+        action=_action(r, m["action"], f"{key}.action", allow_allow=False),
+        reason=r.str_(m["reason"], f"{key}.reason", nonempty=False) if "reason" in m else "",
+        line=node.start_mark.line + 1,
+    )
+
+
+def _identity(r: _Reader, node: Node, key: str) -> Identity:
+    m = r.mapping(
+        node, key, {"name", "description", "allowed_servers", "allowed_tools"}, ("name",), kind="identity"
+    )
+    return Identity(
+        name=r.str_(m["name"], f"{key}.name"),
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        allowed_servers=r.strs(m["allowed_servers"], f"{key}.allowed_servers")
+        if "allowed_servers" in m
+        else (),
+        allowed_tools=r.strs(m["allowed_tools"], f"{key}.allowed_tools") if "allowed_tools" in m else (),
+        line=node.start_mark.line + 1,
+    )
+
+
+def _tz(r: _Reader, node: Node, key: str) -> str:
+    name = r.str_(node, key)
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        r.fail(node, key, f"unknown time zone {name!r}")
+    return name
+
+
+def _hhmm(r: _Reader, node: Node, key: str) -> int:
+    text = r.str_(node, key)
+    mt = re.fullmatch(r"(\d{1,2}):(\d{2})", text.strip())
+    if (
+        not mt
+        or int(mt.group(1)) > 24
+        or int(mt.group(2)) > 59
+        or (int(mt.group(1)) == 24 and mt.group(2) != "00")
+    ):
+        r.fail(node, key, f"expected a time HH:MM, got {text!r}")
+    return int(mt.group(1)) * 60 + int(mt.group(2))
+
+
+def _days(r: _Reader, node: Node, key: str) -> frozenset[int]:
+    out: set[int] = set()
+    for i, n in enumerate(r.list_(node, key)):
+        d = r.str_(n, f"{key}[{i}]").strip().lower()
+        if d not in _DAYS:
+            r.fail(n, f"{key}[{i}]", f"unknown day {d!r}")
+        out.add(_DAYS[d])
+    return frozenset(out)
+
+
+def _time_restriction(r: _Reader, node: Node, key: str) -> TimeRestriction:
+    m = r.mapping(
+        node,
+        key,
+        {
+            "name",
+            "description",
+            "servers",
+            "tools",
+            "allowed_hours",
+            "denied_days",
+            "outside_action",
+            "timezone",
+        },
+        ("name", "outside_action"),
+        kind="time restriction",
+    )
+    windows: list[TimeWindow] = []
+    for i, n in enumerate(
+        r.list_(m["allowed_hours"], f"{key}.allowed_hours") if "allowed_hours" in m else []
+    ):
+        wkey = f"{key}.allowed_hours[{i}]"
+        w = r.mapping(n, wkey, {"start", "end", "timezone", "days"}, ("start", "end"), kind="time window")
+        windows.append(
+            TimeWindow(
+                start_minute=_hhmm(r, w["start"], f"{wkey}.start"),
+                end_minute=_hhmm(r, w["end"], f"{wkey}.end"),
+                timezone=_tz(r, w["timezone"], f"{wkey}.timezone") if "timezone" in w else "UTC",
+                days=_days(r, w["days"], f"{wkey}.days") if "days" in w else frozenset(),
+            )
+        )
+    tools = r.strs(m["tools"], f"{key}.tools") if "tools" in m else ("*",)
+    tz = (
+        _tz(r, m["timezone"], f"{key}.timezone")
+        if "timezone" in m
+        else (windows[0].timezone if windows else "UTC")
+    )
+    return TimeRestriction(
+        name=r.str_(m["name"], f"{key}.name"),
+        description=r.str_(m["description"], f"{key}.description", nonempty=False)
+        if "description" in m
+        else "",
+        servers=r.strs(m["servers"], f"{key}.servers") if "servers" in m else (),
+        tools=tuple(re.compile("(?i)" + re.escape(t).replace(r"\*", ".*")) for t in tools),
+        tool_names=tools,
+        allowed_hours=tuple(windows),
+        denied_days=_days(r, m["denied_days"], f"{key}.denied_days") if "denied_days" in m else frozenset(),
+        outside_action=_action(r, m["outside_action"], f"{key}.outside_action", allow_allow=False),
+        timezone=tz,
+        line=node.start_mark.line + 1,
+    )
+
+
+def _redaction_patterns(r: _Reader, node: Node, key: str) -> tuple[RedactionPattern, ...]:
+    out: list[RedactionPattern] = []
+    for i, n in enumerate(r.list_(node, key)):
+        pk = f"{key}[{i}]"
+        m = r.mapping(n, pk, {"name", "regex", "replacement"}, ("regex",), kind="redaction pattern")
+        out.append(
+            RedactionPattern(
+                name=r.str_(m["name"], f"{pk}.name") if "name" in m else f"pattern_{i}",
+                regex=r.regex(m["regex"], f"{pk}.regex"),
+                replacement=r.str_(m["replacement"], f"{pk}.replacement", nonempty=False)
+                if "replacement" in m
+                else "[REDACTED]",
+            )
+        )
+    return tuple(out)
+
+
+def _redaction(r: _Reader, node: Node) -> Redaction:
+    m = r.mapping(
+        node,
+        "redaction",
+        {"output_redaction", "sensitive_files", "patterns", "output_patterns"},
+        kind="redaction",
+    )
+    return Redaction(
+        output_redaction=r.bool_(m["output_redaction"], "redaction.output_redaction")
+        if "output_redaction" in m
+        else False,
+        sensitive_files=tuple(
+            r.glob(n, f"redaction.sensitive_files[{i}]")
+            for i, n in enumerate(r.list_(m["sensitive_files"], "redaction.sensitive_files"))
+        )
+        if "sensitive_files" in m
+        else (),
+        patterns=_redaction_patterns(r, m["patterns"], "redaction.patterns") if "patterns" in m else (),
+        output_patterns=_redaction_patterns(r, m["output_patterns"], "redaction.output_patterns")
+        if "output_patterns" in m
+        else (),
+    )
+
+
+def _compose(text: str, source: str) -> Node | None:
+    try:
+        return yaml.compose(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 0
+        raise PolicyError(source, line, "", f"invalid YAML: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise PolicyError(source, 0, "", f"invalid YAML: {e}") from None
+
+
+def _build(text: str, source: str, sha: str) -> Policy:
+    root = _compose(text, source)
+    r = _Reader(source)
+    if root is None:
+        raise PolicyError(source, 0, "", "the policy is empty")
+    m = r.mapping(root, "", _TOP, kind="top")
+    version = "1.0"
+    if "version" in m:
+        v = m["version"]
+        if not isinstance(v, ScalarNode) or v.tag not in (_TAG + "str", _TAG + "float", _TAG + "int"):
+            r.fail(v, "version", f"expected a version string, got {_kind(v)}")
+        version = str(v.value)
+    default_action = (
+        r.choice(m["default_action"], "default_action", ("allow", "deny"))
+        if "default_action" in m
+        else "deny"
+    )
+    settings = _settings(r, m["settings"]) if "settings" in m else Settings()
+    servers: list[ServerPolicy] = []
+    index: dict[str, ServerPolicy] = {}
+    for i, n in enumerate(r.list_(m["servers"], "servers") if "servers" in m else []):
+        s = _server(r, n, f"servers[{i}]")
+        if s.name in index:
+            r.fail(n, f"servers[{i}].name", f"duplicate server {s.name!r}")
+        index[s.name] = s
+        servers.append(s)
+    taints = tuple(
+        _taint(r, n, f"taints[{i}]")
+        for i, n in enumerate(r.list_(m["taints"], "taints") if "taints" in m else [])
+    )
+    tnames = {t.name for t in taints}
+    if len(tnames) != len(taints):
+        dup = next(t for t in taints if [x.name for x in taints].count(t.name) > 1)
+        raise PolicyError(source, dup.line, "taints", f"duplicate taint {dup.name!r}")
+    packs = _packs()
+    if settings.packs is not None:
+        packs = {k: v for k, v in packs.items() if k in settings.packs}
+    return Policy(
+        source=source,
+        sha256=sha,
+        version=version,
+        description=r.str_(m["description"], "description", nonempty=False) if "description" in m else "",
+        default_action=default_action,  # type: ignore[arg-type]
+        settings=settings,
+        servers=tuple(servers),
+        server_index=index,
+        tool_chains=tuple(
+            _chain(r, n, f"tool_chains[{i}]")
+            for i, n in enumerate(r.list_(m["tool_chains"], "tool_chains") if "tool_chains" in m else [])
+        ),
+        taints=taints,
+        egress_controls=tuple(
+            _egress(r, n, f"egress_controls[{i}]", tnames)
+            for i, n in enumerate(
+                r.list_(m["egress_controls"], "egress_controls") if "egress_controls" in m else []
+            )
+        ),
+        identities=tuple(
+            _identity(r, n, f"identities[{i}]")
+            for i, n in enumerate(r.list_(m["identities"], "identities") if "identities" in m else [])
+        ),
+        time_restrictions=tuple(
+            _time_restriction(r, n, f"time_restrictions[{i}]")
+            for i, n in enumerate(
+                r.list_(m["time_restrictions"], "time_restrictions") if "time_restrictions" in m else []
+            )
+        ),
+        redaction=_redaction(r, m["redaction"]) if "redaction" in m else Redaction(),
+        packs=packs,
+    )
+
+
+# ----------------------------------------------------------------- packs
+
+_PACKS: dict[str, Pack] | None = None
+
+
+def load_pack_text(text: str, source: str) -> Pack:
+    root = _compose(text, source)
+    r = _Reader(source)
+    if root is None:
+        raise PolicyError(source, 0, "", "the pack is empty")
+    m = r.mapping(root, "", {"name", "description", "servers", "tools"}, ("name", "tools"), kind="pack")
+    tools: dict[str, ToolPolicy] = {}
+    name = r.str_(m["name"], "name")
+    for i, n in enumerate(r.list_(m["tools"], "tools")):
+        t = _tool(r, n, f"tools[{i}]", f"pack:{name}", in_pack=True)
+        if t.name in tools:
+            r.fail(n, f"tools[{i}].name", f"duplicate tool {t.name!r}")
+        tools[t.name] = t
+    servers = r.strs(m["servers"], "servers") if "servers" in m else (name,)
+    return Pack(
+        name=name,
+        servers=tuple(s.lower() for s in servers),
+        tools=tools,
+        description=r.str_(m["description"], "description", nonempty=False) if "description" in m else "",
+    )
+
+
+def _packs() -> dict[str, Pack]:
+    """The built-in packs, read once from the package's ``packs/`` folder."""
+    global _PACKS
+    if _PACKS is None:
+        found: dict[str, Pack] = {}
+        folder = resources.files("visor.policy") / "packs"
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".yaml"):
+                pack = load_pack_text(entry.read_text(encoding="utf-8"), f"packs/{entry.name}")
+                found[pack.name] = pack
+        _PACKS = found
+    return _PACKS
+
+
+def builtin_packs() -> dict[str, Pack]:
+    return dict(_packs())
+
+
+# ----------------------------------------------------------------- public
+
+
+def load_policy_text(text: str, source: str = "<string>") -> Policy:
+    """Parse and validate a policy; raises PolicyError naming file, line and key."""
+    return _build(text, source, hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def load_policy(path: str | os.PathLike[str]) -> Policy:
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise PolicyError(source, 0, "", f"cannot read the policy: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PolicyError(source, 0, "", f"the policy is not valid UTF-8: {e}") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return _build(text, source, hashlib.sha256(data).hexdigest())
+
+
+def load_default_policy() -> Policy:
+    """The embedded default policy (visor/policy/default.yaml)."""
+    data = (resources.files("visor.policy") / "default.yaml").read_bytes()
+    return _build(data.decode("utf-8"), "<default>", hashlib.sha256(data).hexdigest())
+
+
+def trust_list(entries: tuple[str, ...]) -> dst.TrustList:
+    return dst.build_trust(entries)

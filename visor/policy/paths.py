@@ -1,0 +1,289 @@
+"""Path arguments: finding them, normalising them, matching them.
+
+The only I/O in this module is ``os.path.realpath`` (symlinks are resolved
+where the path exists) and ``os.getcwd`` (relative paths resolve against the
+proxy's working directory, which is also the server's unless the client
+configures otherwise; see docs/policy.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
+
+from visor.policy.schema import Glob
+
+# Argument names that always hold paths. Matching is on the snake_case form of
+# the name, so ``filePath`` and ``file_path`` are the same.
+_PATH_NAMES: frozenset[str] = frozenset(
+    {
+        "path",
+        "paths",
+        "file",
+        "files",
+        "file_path",
+        "file_paths",
+        "filepath",
+        "filename",
+        "filenames",
+        "source",
+        "destination",
+        "src",
+        "dst",
+        "dest",
+        "uri",
+        "dir",
+        "directory",
+        "folder",
+        "root",
+        "cwd",
+        "target",
+        "absolute_path",
+        "absolutepath",
+        "repo_path",
+        "working_directory",
+        "working_dir",
+        "workdir",
+    }
+)
+# Any name whose last snake_case word is one of these is path-shaped too
+# (``target_path``, ``output_file``, ``config_dir``).
+_PATH_SUFFIXES: frozenset[str] = frozenset(
+    {"path", "paths", "file", "files", "filename", "dir", "directory", "folder", "filepath"}
+)
+# Names whose values are free text: never read as paths even when they start
+# with "/" (a file's content, a message body, a shell command, a regex).
+_TEXT_NAMES: frozenset[str] = frozenset(
+    {
+        "content",
+        "contents",
+        "text",
+        "body",
+        "message",
+        "description",
+        "title",
+        "comment",
+        "pattern",
+        "patterns",
+        "regex",
+        "query",
+        "sql",
+        "statement",
+        "command",
+        "cmd",
+        "exec",
+        "script",
+        "new_text",
+        "old_text",
+        "newtext",
+        "oldtext",
+        "diff",
+        "patch",
+        "exclude_patterns",
+        "url",
+    }
+)
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def snake(name: str) -> str:
+    """``toAddress`` -> ``to_address``; ``Recipient-Email`` -> ``recipient_email``."""
+    return _CAMEL.sub("_", name).replace("-", "_").lower()
+
+
+def is_path_name(name: str) -> bool:
+    s = snake(name)
+    if s in _PATH_NAMES:
+        return True
+    return s.rsplit("_", 1)[-1] in _PATH_SUFFIXES
+
+
+def _looks_like_path(value: str) -> bool:
+    """A string that a server would read as a path, whatever its argument is called."""
+    if not value or len(value) > 4096 or "\n" in value:
+        return False
+    return value.startswith(("/", "~", "./", "../", "file:", "\\\\")) or value in (".", "..")
+
+
+def iter_path_values(arguments: dict, extra_names: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """Yield ``(argument_name, raw_value)`` for every path-like value, nested values included.
+
+    A value counts when its argument name is path-shaped (or listed in
+    ``extra_names``), or when the string itself looks like a path and the name
+    is not a free-text one. Lists and nested objects are walked; an element of a
+    list inherits the list's name.
+    """
+    stack: list[tuple[str, object, bool]] = [(k, v, False) for k, v in arguments.items()]
+    while stack:
+        name, value, named = stack.pop()
+        if isinstance(value, str):
+            sname = snake(name)
+            if named or name in extra_names or is_path_name(name) or (sname not in _TEXT_NAMES and _looks_like_path(value)):
+                yield name, value
+        elif isinstance(value, list):
+            is_named = named or name in extra_names or is_path_name(name)
+            stack.extend((name, v, is_named) for v in value)
+        elif isinstance(value, dict):
+            stack.extend((k, v, False) for k, v in value.items())
+
+
+class PathError(ValueError):
+    """A path value that cannot be read safely (NUL byte, remote file URI)."""
+
+
+def normalise(raw: str, cwd: str | None = None) -> str:
+    """The absolute, lexically normalised form of a path argument.
+
+    ``file://`` URIs are percent-decoded; ``~`` is expanded; backslashes are
+    read as separators (a Windows server would); ``..``, ``.`` and repeated
+    slashes are collapsed. Symlinks are not resolved here: see ``forms``.
+    """
+    value = raw.strip()
+    if "\x00" in value:
+        raise PathError("path contains a NUL byte")
+    if value[:5].lower() == "file:":
+        parts = urlsplit(value)
+        if parts.netloc not in ("", "localhost"):
+            raise PathError(f"file URI names a remote host {parts.netloc!r}")
+        value = unquote(parts.path)
+        if "\x00" in value:
+            raise PathError("path contains a NUL byte")
+    value = value.replace("\\", "/")
+    if value.startswith("~"):
+        value = os.path.expanduser(value)
+    if not value.startswith("/"):
+        value = os.path.join(cwd if cwd is not None else os.getcwd(), value)
+    value = os.path.normpath(value)
+    if value.startswith("//"):
+        # POSIX keeps a leading "//"; the kernel treats it as "/".
+        value = "/" + value.lstrip("/")
+    return value
+
+
+def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
+    """The normalised path and, when it differs, the path with symlinks resolved."""
+    lexical = normalise(raw, cwd)
+    real = os.path.realpath(lexical)
+    return (lexical,) if real == lexical else (lexical, real)
+
+
+def under_prefix(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix if prefix.endswith("/") else prefix + "/")
+
+
+# ---------------------------------------------------------------- globs
+
+
+def _translate(pattern: str) -> str:
+    """Doublestar glob -> regex: ``**`` spans segments, ``*``/``?`` stay inside one."""
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "*":
+            if pattern.startswith("**", i):
+                at_start = i == 0 or pattern[i - 1] == "/"
+                j = i + 2
+                if at_start and j < n and pattern[j] == "/":
+                    out.append("(?:.*/)?")  # "**/" matches zero or more whole segments
+                    i = j + 1
+                    continue
+                if at_start and j == n and i > 0:
+                    out.pop()  # "/**" at the end also matches the directory itself
+                    out.append("(?:/.*)?")
+                    i = j
+                    continue
+                out.append(".*")
+                i = j
+                continue
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 2)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1 : j]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j
+        elif c == "{":
+            j = pattern.find("}", i)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                alts = pattern[i + 1 : j].split(",")
+                out.append("(?:" + "|".join(_translate(a) for a in alts) + ")")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def compile_glob(pattern: str, resolve: bool = True) -> Glob:
+    """Compile a doublestar glob; raises ``re.error`` on a malformed class."""
+    regex = re.compile(_translate(pattern), re.DOTALL)
+    alt = None
+    if resolve and pattern.startswith("/"):
+        # Resolve the literal directory prefix (up to the first wildcard).
+        cut = len(pattern)
+        for ch in "*?[{":
+            k = pattern.find(ch)
+            if k != -1:
+                cut = min(cut, k)
+        literal = pattern[:cut]
+        head = literal.rsplit("/", 1)[0] or "/"
+        real = os.path.realpath(head)
+        if real != head:
+            alt = re.compile(_translate(real.rstrip("/") + pattern[len(head.rstrip("/")) :]), re.DOTALL)
+    return Glob(pattern, regex, alt)
+
+
+# Files that no tool call may name, whatever a policy's allow rules say.
+SENSITIVE_GLOBS: tuple[str, ...] = (
+    "**/.env",
+    "**/.env.*",
+    "**/.ssh",
+    "**/.ssh/**",
+    "**/id_rsa",
+    "**/id_rsa.*",
+    "**/id_dsa",
+    "**/id_ecdsa",
+    "**/id_ecdsa.*",
+    "**/id_ed25519",
+    "**/id_ed25519.*",
+    "**/*.pem",
+    "**/*.key",
+    "**/*.p12",
+    "**/*.pfx",
+    "**/.aws/credentials",
+    "**/.aws/config",
+    "**/.config/gcloud/**",
+    "**/.azure/**",
+    "**/.kube/config",
+    "**/kubeconfig",
+    "**/kubeconfig.*",
+    "**/.netrc",
+    "**/.git-credentials",
+    "**/.docker/config.json",
+    "**/.pgpass",
+    "**/.npmrc",
+    "**/.pypirc",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/sudoers",
+)
+
+_SENSITIVE_RE = re.compile("|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL)
+
+
+def is_sensitive(path: str, extra: tuple[Glob, ...] = ()) -> bool:
+    if _SENSITIVE_RE.fullmatch(path) is not None:
+        return True
+    return any(g.match(path) for g in extra)

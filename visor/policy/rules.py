@@ -1,0 +1,331 @@
+"""Argument rules of the mcp-visor language, one small function per rule type.
+
+Each check takes the compiled rule and the call's arguments and returns a
+reason string when the rule denies, else ``None``. The argument names each
+rule reads are a superset of the ones mcp-visor reads for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+from visor.policy import destinations as dst
+from visor.policy.paths import snake
+from visor.policy.schema import Rule
+
+COMMAND_ARGS = frozenset({"command", "cmd", "exec", "script", "shell_command", "command_line", "commandline"})
+QUERY_ARGS = frozenset({"query", "sql", "statement", "sql_query"})
+RECIPIENT_ARGS = frozenset({"recipient", "to", "email", "domain"})  # plus every destination-shaped name
+REPO_ARGS = frozenset({"repo", "repository", "repo_name", "repository_name", "full_name", "owner/repo"})
+SIZE_ARGS = frozenset({"size", "file_size", "bytes", "length", "content_length", "size_bytes"})
+CONTENT_ARGS = frozenset({"content", "contents", "data", "text", "body", "file_content"})
+ROW_ARGS = frozenset(
+    {"limit", "rows", "max_rows", "row_limit", "max_results", "top", "count", "per_page", "page_size", "n"}
+)
+
+
+def _strings(value: object) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        # an argv list is one command: join it so patterns see what runs
+        if value and all(isinstance(v, str) for v in value):
+            yield " ".join(value)
+        else:
+            for v in value:
+                yield from _strings(v)
+
+
+def named_strings(arguments: dict, names: frozenset[str]) -> list[str]:
+    out: list[str] = []
+    for k, v in arguments.items():
+        if k in names or snake(k) in names:
+            out.extend(_strings(v))
+    return out
+
+
+# ------------------------------------------------------------ shell splitting
+
+_SEPARATORS = ("&&", "||", ";;", ";", "&", "|", "\n", "\r")
+
+
+def split_command(cmd: str) -> list[str]:
+    """Split a shell command into the simple commands it runs.
+
+    Splits at ``; & && || |`` and newlines outside quotes, and lifts the body of
+    every ``$(...)``, backtick and ``<(...)``/``>(...)`` out as a command of its
+    own (they run even inside double quotes). Single quotes are literal. This
+    is not a full shell parser; it errs towards more parts, and every part must
+    pass, so an error costs a deny, not an allow.
+    """
+    parts: list[str] = []
+    cur: list[str] = []
+    i, n = 0, len(cmd)
+    quote: str | None = None
+
+    def flush() -> None:
+        s = "".join(cur).strip()
+        if s:
+            parts.append(s)
+        cur.clear()
+
+    while i < n:
+        c = cmd[i]
+        if quote == "'":
+            cur.append(c)
+            if c == "'":
+                quote = None
+            i += 1
+            continue
+        if c == "\\" and i + 1 < n:
+            cur.append(cmd[i : i + 2])
+            i += 2
+            continue
+        if c in "$<>" and cmd.startswith("(", i + 1):
+            # substitution: find the matching parenthesis, quotes aside
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if cmd[j] == "(":
+                    depth += 1
+                elif cmd[j] == ")":
+                    depth -= 1
+                j += 1
+            inner = cmd[i + 2 : j - 1] if depth == 0 else cmd[i + 2 :]
+            parts.extend(split_command(inner))
+            cur.append(" ")
+            i = j
+            continue
+        if c == "`":
+            j = cmd.find("`", i + 1)
+            inner = cmd[i + 1 : j] if j != -1 else cmd[i + 1 :]
+            parts.extend(split_command(inner))
+            cur.append(" ")
+            i = j + 1 if j != -1 else n
+            continue
+        if quote == '"':
+            cur.append(c)
+            if c == '"':
+                quote = None
+            i += 1
+            continue
+        if c in "'\"":
+            quote = c
+            cur.append(c)
+            i += 1
+            continue
+        if c in "({)}" and not "".join(cur).strip():
+            # subshell or group opener/closer at the start of a command
+            i += 1
+            continue
+        for sep in _SEPARATORS:
+            if cmd.startswith(sep, i):
+                flush()
+                i += len(sep)
+                break
+        else:
+            cur.append(c)
+            i += 1
+    flush()
+    return [p.rstrip(")}").strip() or p for p in parts]
+
+
+_QUOTES = re.compile(r"[\"'\\]")
+
+
+def _variants(s: str) -> tuple[str, ...]:
+    """The string and its form with shell quoting removed (``r''m`` runs ``rm``)."""
+    d = _QUOTES.sub("", s)
+    return (s,) if d == s else (s, d)
+
+
+def split_sql(query: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    quote: str | None = None
+    for c in query:
+        if quote:
+            cur.append(c)
+            if c == quote:
+                quote = None
+        elif c in "'\"`":
+            quote = c
+            cur.append(c)
+        elif c == ";":
+            parts.append("".join(cur).strip())
+            cur.clear()
+        else:
+            cur.append(c)
+    parts.append("".join(cur).strip())
+    return [p for p in parts if p]
+
+
+_SQL_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*", re.S)
+
+
+# ------------------------------------------------------------ checks
+
+
+def deny_command_pattern(rule: Rule, args: dict) -> str | None:
+    for cmd in named_strings(args, COMMAND_ARGS):
+        for piece in [cmd, *split_command(cmd)]:
+            for v in _variants(piece):
+                for rx in rule.regexes:
+                    if rx.search(v):
+                        return f"command matches deny pattern {rx.pattern!r}"
+    return None
+
+
+def allow_command_pattern(rule: Rule, args: dict) -> str | None:
+    for cmd in named_strings(args, COMMAND_ARGS):
+        parts = split_command(cmd)
+        if not parts:
+            return "command is empty"
+        for part in parts:
+            if not any(rx.search(part) for rx in rule.regexes):
+                return f"command part {part[:80]!r} is not admitted by any allow pattern"
+    return None
+
+
+def deny_command_keyword(rule: Rule, args: dict) -> str | None:
+    for cmd in named_strings(args, COMMAND_ARGS):
+        folded = cmd.casefold()
+        collapsed = " ".join(_QUOTES.sub("", folded).split())
+        for kw in rule.keywords:
+            if kw in folded or kw in collapsed:
+                return f"command contains denied keyword {kw!r}"
+    return None
+
+
+def deny_query_pattern(rule: Rule, args: dict) -> str | None:
+    for q in named_strings(args, QUERY_ARGS):
+        stripped = _SQL_COMMENT.sub(" ", q)
+        for piece in [q, stripped, *split_sql(q), *split_sql(stripped)]:
+            for rx in rule.regexes:
+                if rx.search(piece):
+                    return f"query matches deny pattern {rx.pattern!r}"
+    return None
+
+
+def allow_query_pattern(rule: Rule, args: dict) -> str | None:
+    for q in named_strings(args, QUERY_ARGS):
+        statements = split_sql(q)
+        if not statements:
+            return "query is empty"
+        for st in statements:
+            if not any(rx.search(st) for rx in rule.regexes):
+                return f"statement {st[:80]!r} is not admitted by any allow pattern"
+    return None
+
+
+def recipient_values(args: dict) -> list[str]:
+    out: list[str] = []
+    for k, v in args.items():
+        if k in RECIPIENT_ARGS or snake(k) in RECIPIENT_ARGS or dst.is_destination_name(k):
+            out.extend(dst.iter_values(v))
+    return out
+
+
+def deny_recipient_domain(rule: Rule, args: dict) -> str | None:
+    for value in recipient_values(args):
+        for d in dst.parse(value):
+            if d.domain and any(dst.domain_within(d.domain, p) for p in rule.domains):
+                return f"recipient domain {d.domain!r} is denied"
+            if d.kind == "opaque" and "@" in d.value:
+                return f"recipient {d.value[:80]!r} cannot be parsed"
+    return None
+
+
+def allow_recipient_domain(rule: Rule, args: dict) -> str | None:
+    for value in recipient_values(args):
+        for d in dst.parse(value):
+            if d.kind == "opaque" and ("@" in d.value or "." in d.value):
+                return f"recipient {d.value[:80]!r} cannot be parsed"
+            if d.domain and not any(dst.domain_matches(d.domain, p) for p in rule.domains):
+                return f"recipient domain {d.domain!r} is not in the allowed list"
+    return None
+
+
+_REPO_URL = re.compile(r"^(?:https?://|git@|ssh://git@)[^/:]+[/:]", re.I)
+
+
+def repo_names(args: dict) -> list[str]:
+    owner = next((v for k, v in args.items() if snake(k) in ("owner", "org", "organization")), None)
+    out: list[str] = []
+    for value in named_strings(args, REPO_ARGS):
+        v = _REPO_URL.sub("", value.strip()).removesuffix(".git").strip("/").casefold()
+        if "/" not in v and isinstance(owner, str) and owner:
+            v = f"{owner.strip().casefold()}/{v}"
+        out.append(v)
+    return out
+
+
+def allowed_repos(rule: Rule, args: dict) -> str | None:
+    names = repo_names(args)
+    if not names:
+        return "no repository argument to check against allowed_repos"
+    for name in names:
+        if "/" not in name:
+            return f"repository {name!r} has no owner; cannot check it against allowed_repos"
+        if not any(rx.fullmatch(name) for rx in rule.repo_regexes):
+            return f"repository {name!r} is not in allowed_repos"
+    return None
+
+
+def _number(v: object) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v) if v == v else None
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v.strip())
+    return None
+
+
+def max_file_size(rule: Rule, args: dict) -> str | None:
+    assert rule.limit is not None
+    for k, v in args.items():
+        s = snake(k)
+        size: int | None = None
+        if s in SIZE_ARGS:
+            size = _number(v)
+        elif s in CONTENT_ARGS and isinstance(v, str):
+            size = len(v.encode("utf-8", "surrogatepass"))
+        if size is not None and size > rule.limit:
+            return f"{k} is {size} bytes, over the limit of {rule.limit}"
+    return None
+
+
+_SQL_LIMIT = re.compile(r"\blimit\s+(\d+)", re.I)
+
+
+def max_result_rows(rule: Rule, args: dict) -> str | None:
+    assert rule.limit is not None
+    for k, v in args.items():
+        if snake(k) in ROW_ARGS:
+            n = _number(v)
+            if n is not None and n > rule.limit:
+                return f"{k} asks for {n} rows, over the limit of {rule.limit}"
+    for q in named_strings(args, QUERY_ARGS):
+        for m in _SQL_LIMIT.finditer(q):
+            if int(m.group(1)) > rule.limit:
+                return f"query LIMIT {m.group(1)} is over the limit of {rule.limit} rows"
+    return None
+
+
+#: Rule types checked by argument only (the path rules need normalised paths
+#: and are run by the evaluator; require_approval_always is an ask).
+ARGUMENT_CHECKS: dict[str, Callable[[Rule, dict], str | None]] = {
+    "deny_command_pattern": deny_command_pattern,
+    "allow_command_pattern": allow_command_pattern,
+    "deny_command_keyword": deny_command_keyword,
+    "deny_query_pattern": deny_query_pattern,
+    "allow_query_pattern": allow_query_pattern,
+    "deny_recipient_domain": deny_recipient_domain,
+    "allow_recipient_domain": allow_recipient_domain,
+    "allowed_repos": allowed_repos,
+    "max_file_size": max_file_size,
+    "max_result_rows": max_result_rows,
+}

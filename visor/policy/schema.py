@@ -1,0 +1,246 @@
+"""The policy as immutable data.
+
+Everything here is built once by the loader: regular expressions and globs are
+compiled at load time so that the evaluator never compiles anything on the hot
+path. All containers are tuples or dicts that nobody mutates after loading.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+Action = Literal["allow", "deny", "ask"]
+
+#: Rule types of the mcp-visor language that Visor understands.
+RULE_TYPES: frozenset[str] = frozenset(
+    {
+        "deny_path",
+        "allow_path",
+        "deny_command_pattern",
+        "allow_command_pattern",
+        "deny_command_keyword",
+        "deny_query_pattern",
+        "allow_query_pattern",
+        "deny_recipient_domain",
+        "allow_recipient_domain",
+        "allowed_repos",
+        "max_file_size",
+        "max_result_rows",
+        "require_approval_always",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Glob:
+    """A doublestar glob compiled to a regular expression.
+
+    ``alt`` is the same glob with the literal directory prefix resolved through
+    symlinks (``/tmp`` may really be ``/private/tmp``), so that a resolved path
+    still matches the pattern its author wrote.
+    """
+
+    pattern: str
+    regex: re.Pattern[str]
+    alt: re.Pattern[str] | None = None
+
+    def match(self, path: str) -> bool:
+        if self.regex.fullmatch(path) is not None:
+            return True
+        return self.alt is not None and self.alt.fullmatch(path) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One entry of a tool's ``rules:`` list."""
+
+    type: str
+    line: int
+    patterns: tuple[str, ...] = ()
+    regexes: tuple[re.Pattern[str], ...] = ()
+    globs: tuple[Glob, ...] = ()
+    keywords: tuple[str, ...] = ()  # already casefolded
+    domains: tuple[str, ...] = ()  # already lower-cased, trailing dot removed
+    repos: tuple[str, ...] = ()
+    repo_regexes: tuple[re.Pattern[str], ...] = ()
+    limit: int | None = None  # bytes for max_file_size, rows for max_result_rows
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """A tool entry after loading (and, in a session, after merging with a pack).
+
+    ``None`` means "not said": merging keeps the other side's value, and the
+    evaluator applies its documented default.
+    """
+
+    name: str
+    allowed: bool | None = None
+    risk: str | None = None
+    approval_required: bool = False
+    description: str = ""
+    rules: tuple[Rule, ...] = ()
+    exfiltrating: bool | None = None
+    sink_params: tuple[str, ...] = ()
+    trusted_destinations: tuple[str, ...] = ()  # normalised
+    write_params: tuple[str, ...] = ()
+    allowed_path_prefixes: tuple[str, ...] = ()  # absolute, normalised
+    prefix_alts: tuple[str, ...] = ()  # the same prefixes with symlinks resolved
+    arg_patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    max_calls: int | None = None
+    origin: str = "policy"  # "policy", "pack:NAME" or "policy+pack:NAME"
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPolicy:
+    name: str
+    allowed: bool
+    transport: str | None = None
+    description: str = ""
+    allowed_destinations: tuple[str, ...] = ()
+    denied_destinations: tuple[str, ...] = ()
+    packs: tuple[str, ...] | None = None  # None: automatic selection
+    tools: dict[str, ToolPolicy] = field(default_factory=dict)
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChainMatch:
+    server: str
+    tool_pattern: str
+    regex: re.Pattern[str]
+
+    def matches(self, server: str, tool: str) -> bool:
+        return (self.server == "*" or self.server == server) and self.regex.fullmatch(tool) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChain:
+    name: str
+    sources: tuple[ChainMatch, ...]
+    sinks: tuple[ChainMatch, ...]
+    action: Action
+    within_calls: int | None
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    name: str
+    source_tools: tuple[str, ...]
+    source_servers: tuple[str, ...] = ()
+    source_patterns: tuple[Glob, ...] = ()
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EgressControl:
+    name: str
+    when_tainted: str
+    sink_tools: tuple[str, ...]
+    action: Action
+    sink_servers: tuple[str, ...] = ()
+    reason: str = ""
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    name: str
+    allowed_servers: tuple[str, ...]
+    allowed_tools: tuple[str, ...]
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    start_minute: int  # minutes after midnight, inclusive
+    end_minute: int  # exclusive
+    timezone: str
+    days: frozenset[int]  # ISO weekday numbers 1..7; empty means every day
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRestriction:
+    name: str
+    servers: tuple[str, ...]
+    tools: tuple[re.Pattern[str], ...]
+    tool_names: tuple[str, ...]
+    allowed_hours: tuple[TimeWindow, ...]
+    denied_days: frozenset[int]
+    outside_action: Action
+    timezone: str = "UTC"  # for denied_days
+    description: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RedactionPattern:
+    name: str
+    regex: re.Pattern[str]
+    replacement: str
+
+
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    output_redaction: bool = False
+    sensitive_files: tuple[Glob, ...] = ()
+    patterns: tuple[RedactionPattern, ...] = ()
+    output_patterns: tuple[RedactionPattern, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    max_argument_size_bytes: int = 1_048_576
+    max_output_size_bytes: int | None = None
+    session_max_calls: int | None = None  # mcp-visor: session_max_tools
+    session_timeout_seconds: int | None = None
+    approval_timeout_seconds: int = 120
+    chain_window_size: int = 10
+    log_level: str = "info"
+    identity: str | None = None
+    packs: tuple[str, ...] | None = None  # None: all built-in packs, auto-selected
+    sensitive_paths: tuple[Glob, ...] = ()  # added to the built-in list, never replacing it
+
+
+@dataclass(frozen=True, slots=True)
+class Pack:
+    """A built-in description of a known server's sending and writing tools."""
+
+    name: str
+    servers: tuple[str, ...]  # server names (lower-case) that select the pack
+    tools: dict[str, ToolPolicy]
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    source: str
+    sha256: str
+    version: str = "1.0"
+    description: str = ""
+    default_action: Literal["allow", "deny"] = "deny"
+    settings: Settings = field(default_factory=Settings)
+    servers: tuple[ServerPolicy, ...] = ()
+    server_index: dict[str, ServerPolicy] = field(default_factory=dict)
+    tool_chains: tuple[ToolChain, ...] = ()
+    taints: tuple[Taint, ...] = ()
+    egress_controls: tuple[EgressControl, ...] = ()
+    identities: tuple[Identity, ...] = ()
+    time_restrictions: tuple[TimeRestriction, ...] = ()
+    redaction: Redaction = field(default_factory=Redaction)
+    packs: dict[str, Pack] = field(default_factory=dict)
+
+    def server(self, name: str) -> ServerPolicy | None:
+        """The entry for a server name, falling back to the ``"*"`` entry."""
+        entry = self.server_index.get(name)
+        if entry is None:
+            entry = self.server_index.get("*")
+        return entry
