@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
 import os
 import signal
 import stat
@@ -70,27 +71,46 @@ class ProtocolState:
 
 
 class Outbox:
-    """Writes whole lines to a transport in the order they were submitted."""
+    """Writes whole lines to a transport in the order they were submitted.
 
-    __slots__ = ("_loop", "_on_idle", "_queue", "_transport")
+    Lines are gathered and written with one call per batch: a pipelined
+    client sends many messages per read, and one write system call per
+    message would cost more than everything else Visor does with them.
+    """
+
+    __slots__ = ("_batch", "_loop", "_on_idle", "_queue", "_scheduled", "_transport")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.WriteTransport) -> None:
         self._loop = loop
         self._transport = transport
         self._queue: collections.deque[asyncio.Future[bytes | None]] = collections.deque()
         self._on_idle: list[Callable[[], None]] = []
+        self._batch: list[bytes] = []
+        self._scheduled = False
 
     def write(self, line: bytes) -> None:
         if self._queue:
             fut: asyncio.Future[bytes | None] = self._loop.create_future()
             fut.set_result(line)
             self._queue.append(fut)
-        elif not self._transport.is_closing():
-            self._transport.writelines((line, b"\n"))
+            return
+        self._batch.append(line)
+        self._batch.append(b"\n")
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        batch = self._batch
+        if batch:
+            self._batch = []
+            if not self._transport.is_closing():
+                self._transport.writelines(batch)
 
     def write_later(self, fut: asyncio.Future[bytes | None]) -> None:
         self._queue.append(fut)
-        fut.add_done_callback(self._flush)
+        fut.add_done_callback(self._release)
 
     @property
     def backlog(self) -> int:
@@ -100,11 +120,11 @@ class Outbox:
         if self._queue:
             self._on_idle.append(callback)
         else:
+            self.flush()
             callback()
 
-    def _flush(self, _: object = None) -> None:
+    def _release(self, _: object = None) -> None:
         queue = self._queue
-        transport = self._transport
         while queue and queue[0].done():
             fut = queue.popleft()
             if fut.cancelled():
@@ -114,8 +134,10 @@ class Outbox:
                 log.error("outbox_entry_failed", error=repr(exc))
                 continue
             data = fut.result()
-            if data is not None and not transport.is_closing():
-                transport.writelines((data, b"\n"))
+            if data is not None:
+                self._batch.append(data)
+                self._batch.append(b"\n")
+        self.flush()
         if not queue and self._on_idle:
             callbacks, self._on_idle = self._on_idle, []
             for cb in callbacks:
@@ -192,6 +214,17 @@ class _FileWriteTransport(asyncio.WriteTransport):
         return 0
 
 
+_PIPE_SIZE = 1 << 20
+_F_SETPIPE_SZ = 1031
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for 1 MiB pipe buffers: large messages then cross in a few system calls, not hundreds."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+
+
 class Relay:
     """One `visor run` session between a client's pipes and a server's."""
 
@@ -226,6 +259,8 @@ class Relay:
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, client_in_fd: int, client_out_fd: int) -> None:
         up = self._upstream
+        for fd in (up.stdin_fd, up.stdout_fd, client_in_fd, client_out_fd):
+            _grow_pipe(fd)
         self._server_in_proto = _WriteProtocol(
             lambda: self._pause_client("server_stdin"),
             lambda: self._resume_client("server_stdin"),
@@ -321,6 +356,8 @@ class Relay:
                 self._client_line(event.data)
             else:
                 self._client_frame_problem(event)
+        self.to_server.flush()
+        self.to_client.flush()
         if self.to_server.backlog > self.config.max_backlog:
             self._pause_client("backlog")
             self.to_server.when_idle(lambda: self._resume_client("backlog"))
@@ -535,6 +572,7 @@ class Relay:
                 self._server_line(event.data)
             else:
                 log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
+        self.to_client.flush()
 
     def _server_line(self, line: bytes) -> None:
         if not line.strip(b" \t"):

@@ -69,11 +69,15 @@ class Framer:
             # Fast path: most chunks hold whole lines; split without copying
             # into the buffer first.
             start = 0
+            find = data.find
+            append = events.append
+            limit = self._max
             while True:
-                nl = data.find(b"\n", start)
+                nl = find(b"\n", start)
                 if nl < 0:
                     break
-                self._emit(events, data[start:nl])
+                end = nl - 1 if nl > start and data[nl - 1] == 13 else nl
+                append(Line(data[start:end]) if end - start <= limit else Oversize(end - start))
                 start = nl + 1
             rest = data[start:]
             if rest:

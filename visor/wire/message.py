@@ -24,6 +24,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 _BOM = b"\xef\xbb\xbf"
+_ABSENT: Any = object()
 _REQUEST_KEYS = frozenset(("jsonrpc", "id", "method", "params"))
 _NOTIFICATION_KEYS = frozenset(("jsonrpc", "method", "params"))
 _RESPONSE_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
@@ -101,6 +102,26 @@ def classify(line: bytes) -> Message | Rejected:
 
 
 def _classify_object(obj: dict[str, Any], line: bytes) -> Message | Rejected:
+    # Fast path for the shapes nearly every message has; anything else takes
+    # the full path below, which also says precisely what is wrong.
+    if obj.get("jsonrpc") == "2.0":
+        n = len(obj)
+        params = obj.get("params", _ABSENT)
+        if params is _ABSENT or type(params) is dict:
+            method = obj.get("method")
+            msg_id = obj.get("id", _ABSENT)
+            if type(method) is str and method != "tools/call":
+                if msg_id is _ABSENT:
+                    if n == (2 if params is _ABSENT else 3):
+                        return Message(Kind.NOTIFICATION, line, obj, None, method)
+                elif n == (3 if params is _ABSENT else 4) and is_valid_id(msg_id):
+                    return Message(Kind.REQUEST, line, obj, msg_id, method)
+            elif method is None and n == 3 and type(obj.get("result")) is dict and is_valid_id(msg_id):
+                return Message(Kind.RESPONSE, line, obj, msg_id)
+    return _classify_object_fully(obj, line)
+
+
+def _classify_object_fully(obj: dict[str, Any], line: bytes) -> Message | Rejected:
     has_id = "id" in obj
     msg_id = obj.get("id")
     id_ok = has_id and is_valid_id(msg_id)
@@ -219,18 +240,38 @@ def _top_level_pairs(line: bytes) -> list[tuple[str, Any]]:
     return pairs
 
 
+# Up to this size an ASCII line is checked with a few passes of C code over
+# its bytes; past it, a walk over the parsed tree costs less.
+_SMALL_LINE = 8192
+
+
 def duplicate_key_problem(obj: Any, line: bytes) -> str | None:
     """Say why `obj` (parsed from `line`) has duplicate keys, or None.
 
     orjson keeps the last of duplicate keys, so duplicates are invisible in
     `obj`. Without `\\u` escapes in the line every ':' in the text is either a
-    member separator or a literal ':' inside a string; so the number of
-    members in the text is the line's ':' count minus the ':' in the parsed
-    strings, and any duplicate makes the parsed key count smaller. With
-    escapes that count is not exact, so those lines take a slower, exact path.
+    member separator or a literal ':' inside a string, and re-encoding `obj`
+    writes the same literal ':' again; so any dropped duplicate member makes
+    the re-encoded text have fewer ':' than the line. With escapes that count
+    is not exact, so those lines take a slower, exact path.
     """
-    if b"\\u" in line:
+    # A one-byte search is a memchr; most lines hold no backslash at all.
+    if b"\\" in line and b"\\u" in line:
         return _duplicate_key_problem_exact(line)
+    if len(line) <= _SMALL_LINE and line.isascii():
+        colons = line.count(b":")
+        if orjson.dumps(obj).count(b":") != colons:
+            return "duplicate keys"
+        lowered = line.lower()
+        # ASCII keys that differ only in case become duplicates once lowered;
+        # lowering never changes whether ASCII JSON is valid.
+        if lowered != line and orjson.dumps(orjson.loads(lowered)).count(b":") != colons:
+            return "duplicate keys (equal after case folding)"
+        return None
+    return _duplicate_key_problem_walk(obj, line)
+
+
+def _duplicate_key_problem_walk(obj: Any, line: bytes) -> str | None:
     keys = 0
     colons = 0
     stack = [obj]
