@@ -121,7 +121,12 @@ def iter_path_values(arguments: dict, extra_names: tuple[str, ...] = ()) -> Iter
         name, value, named = stack.pop()
         if isinstance(value, str):
             sname = snake(name)
-            if named or name in extra_names or is_path_name(name) or (sname not in _TEXT_NAMES and _looks_like_path(value)):
+            if (
+                named
+                or name in extra_names
+                or is_path_name(name)
+                or (sname not in _TEXT_NAMES and _looks_like_path(value))
+            ):
                 yield name, value
         elif isinstance(value, list):
             is_named = named or name in extra_names or is_path_name(name)
