@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from visor.wire.framer import Framer, Line, Oversize, Truncated
+from visor.wire.framer import Framer, Oversize, Truncated
 
 
 def feed_all(framer: Framer, chunks: list[bytes]) -> list:
@@ -13,17 +13,17 @@ def feed_all(framer: Framer, chunks: list[bytes]) -> list:
 
 def test_lines_split_on_newline_and_one_trailing_cr_stripped() -> None:
     f = Framer()
-    assert f.feed(b'{"a":1}\n{"b":2}\r\n{"c"') == [Line(b'{"a":1}'), Line(b'{"b":2}')]
-    assert f.feed(b":3}\n") == [Line(b'{"c":3}')]
+    assert f.feed(b'{"a":1}\n{"b":2}\r\n{"c"') == [b'{"a":1}', b'{"b":2}']
+    assert f.feed(b":3}\n") == [b'{"c":3}']
 
 
 def test_only_one_trailing_cr_is_stripped() -> None:
     # The second CR stays in the line, where the validator refuses it.
-    assert Framer().feed(b"x\r\r\n") == [Line(b"x\r")]
+    assert Framer().feed(b"x\r\r\n") == [b"x\r"]
 
 
 def test_empty_lines_are_lines_the_relay_drops() -> None:
-    assert Framer().feed(b"\n\n") == [Line(b""), Line(b"")]
+    assert Framer().feed(b"\n\n") == [b"", b""]
 
 
 def test_partial_line_at_eof_is_reported_never_returned() -> None:
@@ -40,11 +40,11 @@ def test_oversize_line_is_discarded_while_streaming_and_reported_once() -> None:
         events.extend(f.feed(b"y" * 7))
         assert f.buffered <= 10
     events.extend(f.feed(b"yy\nok\n"))
-    assert events == [Oversize(7002), Line(b"ok")]
+    assert events == [Oversize(7002), b"ok"]
 
 
 def test_oversize_line_within_one_chunk() -> None:
-    assert Framer(max_bytes=4).feed(b"12345\nabcd\n") == [Oversize(5), Line(b"abcd")]
+    assert Framer(max_bytes=4).feed(b"12345\nabcd\n") == [Oversize(5), b"abcd"]
 
 
 def test_oversize_at_eof() -> None:
@@ -54,10 +54,10 @@ def test_oversize_at_eof() -> None:
 
 
 def test_line_exactly_at_limit_passes() -> None:
-    assert Framer(max_bytes=4).feed(b"1234\n") == [Line(b"1234")]
+    assert Framer(max_bytes=4).feed(b"1234\n") == [b"1234"]
     f = Framer(max_bytes=4)
     assert f.feed(b"12") == []
-    assert f.feed(b"34\n") == [Line(b"1234")]
+    assert f.feed(b"34\n") == [b"1234"]
 
 
 lines = st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=12)
@@ -76,7 +76,7 @@ def test_any_chunking_gives_the_same_frames(items: list[bytes], data: st.DataObj
     byte_by_byte = feed_all(Framer(max_bytes=32), [stream[i : i + 1] for i in range(len(stream))])
     assert byte_by_byte == whole
     expected = [
-        Line(i[:-1] if i.endswith(b"\r") else i) if len(i[:-1] if i.endswith(b"\r") else i) <= 32 else None
+        (i[:-1] if i.endswith(b"\r") else i) if len(i[:-1] if i.endswith(b"\r") else i) <= 32 else None
         for i in items
     ]
     for got, want in zip(whole, expected, strict=True):

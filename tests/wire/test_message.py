@@ -246,3 +246,24 @@ def test_no_accepted_message_has_duplicate_keys(args_text: str) -> None:
         assert not _pairs_have_duplicates(line)
     else:
         assert _pairs_have_duplicates(line)
+
+
+def _pairs_have_exact_duplicates(line: bytes) -> bool:
+    found = False
+
+    def hook(pairs: list) -> dict:
+        nonlocal found
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            found = True
+        return dict(pairs)
+
+    json.loads(line, object_pairs_hook=hook)
+    return found
+
+
+@given(raw_objects(), st.sampled_from(["", "é", "x" * 9000]))
+def test_server_direction_refuses_exact_duplicates_only(args_text: str, pad: str) -> None:
+    line = ('{"jsonrpc":"2.0","id":1,"result":{"n":"' + pad + '","v":' + args_text + "}}").encode()
+    m = classify(line, fold_case=False)
+    assert isinstance(m, Message) != _pairs_have_exact_duplicates(line)

@@ -27,7 +27,7 @@ from visor.gate import Answer, CallContext, Deferred, Drop, Forward, Gate
 from visor.logs import get_logger
 from visor.relay import upstream as upstream_mod
 from visor.wire import errors
-from visor.wire.framer import Framer, Line, Oversize, Truncated
+from visor.wire.framer import Framer, Oversize, Truncated
 from visor.wire.message import Kind, Message, Rejected, classify
 
 log = get_logger("visor.relay")
@@ -352,8 +352,8 @@ class Relay:
         if self._client_closed:
             return
         for event in self._client_framer.feed(data):
-            if type(event) is Line:
-                self._client_line(event.data)
+            if type(event) is bytes:
+                self._client_line(event)
             else:
                 self._client_frame_problem(event)
         self.to_server.flush()
@@ -568,8 +568,8 @@ class Relay:
     # ------------------------------------------------------ server -> client
     def _on_server_data(self, data: bytes) -> None:
         for event in self._server_framer.feed(data):
-            if type(event) is Line:
-                self._server_line(event.data)
+            if type(event) is bytes:
+                self._server_line(event)
             else:
                 log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
         self.to_client.flush()
@@ -577,7 +577,9 @@ class Relay:
     def _server_line(self, line: bytes) -> None:
         if not line.strip(b" \t"):
             return
-        msg = classify(line)
+        # Case-insensitive key matching is a server-side parser's habit;
+        # what the server sends is held to exact duplicates only.
+        msg = classify(line, fold_case=False)
         if type(msg) is Rejected:
             log.warning("server_message_rejected", reason=msg.reason, code=msg.code)
             self.on_reject("server", msg.reason, msg)

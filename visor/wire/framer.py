@@ -14,13 +14,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class Line:
-    """One complete line, without its `\\n` and without one trailing `\\r`."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class Oversize:
     """A line longer than the limit was discarded; nothing of it is forwarded."""
 
@@ -34,7 +27,9 @@ class Truncated:
     size: int
 
 
-FrameEvent = Line | Oversize | Truncated
+# A complete line is returned as plain `bytes` (without its `\n` and one
+# trailing `\r`): the hot path allocates nothing else per message.
+FrameEvent = bytes | Oversize | Truncated
 
 
 class Framer:
@@ -77,7 +72,7 @@ class Framer:
                 if nl < 0:
                     break
                 end = nl - 1 if nl > start and data[nl - 1] == 13 else nl
-                append(Line(data[start:end]) if end - start <= limit else Oversize(end - start))
+                append(data[start:end] if end - start <= limit else Oversize(end - start))
                 start = nl + 1
             rest = data[start:]
             if rest:
@@ -123,7 +118,7 @@ class Framer:
         if len(line) > self._max:
             events.append(Oversize(len(line)))
         else:
-            events.append(Line(line))
+            events.append(line)
 
     def _hold(self, events: list[FrameEvent], rest: bytes) -> None:
         if len(rest) > self._max:
