@@ -26,6 +26,7 @@ class Tail:
     lines: tuple[bytes, ...]  # last complete lines, oldest first, without "\n"
     torn: bytes  # bytes after the last "\n" ("" when the file ends cleanly)
     torn_offset: int  # where the torn bytes start
+    from_start: bool  # the lines are the whole file, so their line numbers are known
 
 
 def read_tail(fd: int, n: int = 2) -> Tail:
@@ -46,7 +47,13 @@ def read_tail(fd: int, n: int = 2) -> Tail:
     torn = parts.pop()
     if pos > 0:
         parts = parts[1:]
-    return Tail(size=size, lines=tuple(parts[-n:]), torn=torn, torn_offset=size - len(torn))
+    return Tail(
+        size=size,
+        lines=tuple(parts[-n:]),
+        torn=torn,
+        torn_offset=size - len(torn),
+        from_start=pos == 0 and len(parts) <= n,
+    )
 
 
 def read_first_line(fd: int) -> bytes | None:

@@ -208,12 +208,12 @@ def check_tail(path: Path, fd: int) -> rec.Parsed | None:
 
     def line_no(index: int) -> str:
         """Name line `index` of the (lines + torn) window by its number in the file."""
+        if tail.from_start:
+            return f"line {index + 1}"
         if first_seq is not None:
             for i, p in enumerate(parsed):
                 if isinstance(p, rec.Parsed):
                     return f"line {p.seq - first_seq + 1 + (index - i)}"
-        if not tail.lines and index == 0:
-            return "line 1"
         return (
             "the last line" if index >= len(tail.lines) - (0 if tail.torn else 1) else "the line before last"
         )
