@@ -228,7 +228,7 @@ def findings(
 ) -> list[Finding]:
     out: list[Finding] = []
     if not chain.ok:
-        out.append(Finding("high", f"The audit chain does not verify: {md(chain.problem)}."))
+        out.append(Finding("high", f"The audit chain does not verify: {md_long(str(chain.problem))}."))
     if loaded.malformed:
         out.append(Finding("medium", f"{loaded.malformed} malformed line(s) in the log were skipped."))
     if view is None:

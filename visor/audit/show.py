@@ -35,7 +35,7 @@ def printable(value: Any, width: int | None = None) -> str:
     """One safe line: no control or format characters, optionally cut to `width`."""
     if value is None:
         return ""
-    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
     out = "".join(
         "?" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co") else ch for ch in text
     )

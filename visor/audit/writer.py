@@ -407,6 +407,19 @@ class AuditWriter:
         # withdraws the wait, never the evidence.
         return await future
 
+    def submit(self, event: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """`commit` without a coroutine: the record takes its place in the log now.
+
+        The returned future resolves once an fsync covering the record has
+        returned. The gate uses this so that records it appends right after an
+        allow (taints) follow the allow in the chain, and no task is created
+        per call.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._enqueue(event, future, loop)
+        return future
+
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
         """Append `event` without waiting; it is fsync'd with the next group."""
         return self._enqueue(event, None, None)
