@@ -116,6 +116,11 @@ def visor(recorder_log: Path) -> Iterator[VisorProcess]:
         env={"RECORDER_LOG": str(recorder_log)},
         visor_args=["--audit-log", str(recorder_log.parent / "audit.jsonl")],
     )
+    # List the tools first, as a client does: the default policy pins them,
+    # and denies calls made before any listing. Then forget that traffic.
+    vp.request({"jsonrpc": "2.0", "id": "setup-list", "method": "tools/list"})
+    assert "tools" in vp.recv()["result"]
+    recorder_log.write_bytes(b"")
     yield vp
     vp.kill()
 

@@ -51,6 +51,25 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=DEFAULT_MAX_MESSAGE_BYTES,
         help="largest message accepted in either direction (default 16 MiB)",
     )
+    run.add_argument(
+        "--pin-file", metavar="FILE", help="keep tool pins in FILE across restarts (trust on first use)"
+    )
+    run.add_argument(
+        "--audit-max-bytes",
+        metavar="N",
+        type=_positive_int,
+        help="rotate the audit log when it reaches N bytes",
+    )
+    run.add_argument(
+        "--no-checks",
+        action="store_true",
+        help="relay with wire checks only: no policy, no audit log (for measuring; never for real use)",
+    )
+    run.add_argument(
+        "--unsafe-no-fsync",
+        action="store_true",
+        help="write the audit log without fsync (for measuring; allows are then not durable)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)

@@ -1,15 +1,16 @@
-"""`visor run`: wire the configuration, the gate and the relay together."""
+"""`visor run`: load the policy, open the audit log, wire the gate into the relay."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import uvloop
 
 from visor import logs
-from visor.gate import Gate
+from visor.gate import Gate, PolicyGate
 from visor.relay.proxy import Relay, RelayConfig
 from visor.relay.upstream import SpawnError
 
@@ -39,6 +40,57 @@ def protect_stdio() -> None:
     os.dup2(2, 1)
 
 
+class StartupError(Exception):
+    """Visor refuses to start: the message says what to fix."""
+
+
+def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
+    from visor.audit.paths import default_audit_path
+    from visor.audit.writer import AuditError, AuditWriter, new_session_id
+    from visor.pinfile import read_pins, write_pins
+    from visor.policy.loader import PolicyError, load_default_policy, load_policy
+    from visor.session import SessionState
+
+    try:
+        policy = load_policy(args.policy) if args.policy else load_default_policy()
+    except PolicyError as exc:
+        raise StartupError(f"policy refused: {exc}") from exc
+    except OSError as exc:
+        raise StartupError(f"cannot read the policy {args.policy}: {exc.strerror or exc}") from exc
+
+    session = SessionState(policy, args.server_name)
+    pin_saver = None
+    if args.pin_file:
+        pin_path = Path(args.pin_file)
+        if pin_path.exists():
+            try:
+                session.import_pins(read_pins(pin_path))
+            except (OSError, ValueError) as exc:
+                raise StartupError(f"pin file {pin_path} refused: {exc}") from exc
+
+        def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
+            write_pins(pin_path, data)
+
+    audit_path = Path(args.audit_log) if args.audit_log else default_audit_path()
+    try:
+        audit = AuditWriter.open(
+            audit_path,
+            session=new_session_id(),
+            max_bytes=args.audit_max_bytes,
+            durable=not args.unsafe_no_fsync,
+        )
+    except AuditError as exc:
+        raise StartupError(f"audit log refused: {exc}") from exc
+    return PolicyGate(
+        policy=policy,
+        session=session,
+        audit=audit,
+        server_name=args.server_name,
+        argv=command,
+        pin_saver=pin_saver,
+    )
+
+
 def run_command(args: argparse.Namespace, command: list[str]) -> int:
     logs.configure(args.log_level, args.log_format)
     log = logs.get_logger("visor.run")
@@ -49,10 +101,18 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
         max_message_bytes=args.max_message_bytes,
         shutdown_grace=args.shutdown_grace,
     )
-    gate = Gate()
-    relay = Relay(command, config, gate)
+
+    async def session() -> int:
+        # The gate is built inside the loop: the audit writer delivers its
+        # results to this loop's futures.
+        gate = Gate() if args.no_checks else _build_gate(args, command)
+        return await Relay(command, config, gate).run(_WIRE_IN, _WIRE_OUT)  # type: ignore[arg-type]
+
     try:
-        return uvloop.run(relay.run(_WIRE_IN, _WIRE_OUT))
+        return uvloop.run(session())
+    except StartupError as exc:
+        print(f"visor run: {exc}", file=sys.stderr)
+        return 1
     except SpawnError as exc:
         log.error("server_spawn_failed", error=str(exc))
         return 1

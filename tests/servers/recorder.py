@@ -30,6 +30,8 @@ out = sys.stdout.buffer
 TOOLS = [
     {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}},
     {"name": "send_email", "description": "Send mail", "inputSchema": {"type": "object"}},
+    {"name": "ask_client", "description": "Ask the client something", "inputSchema": {"type": "object"}},
+    {"name": "big", "description": "A large result", "inputSchema": {"type": "object"}},
 ]
 
 

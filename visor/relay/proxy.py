@@ -36,6 +36,7 @@ _MISSING = object()
 _READ_CHUNK = 256 * 1024
 _MODERN_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _MODERN_CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
+_SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +317,7 @@ class Relay:
         up = self._upstream
         returncode = await upstream_mod.stop(up, self.config.shutdown_grace, self.config.term_grace)
         await self._close_client_out()
+        await self.gate.close()
         log.info("session_end", returncode=returncode)
         return returncode
 
@@ -615,8 +617,16 @@ class Relay:
             replacement = self.gate.on_tools_list(msg)
         elif entry.method == "initialize":
             result = msg.obj.get("result")
-            if type(result) is dict and type(result.get("protocolVersion")) is str:
-                self.state.protocol_version = result["protocolVersion"]
+            if type(result) is dict:
+                if type(result.get("protocolVersion")) is str:
+                    self.state.protocol_version = result["protocolVersion"]
+                if type(result.get("serverInfo")) is dict:
+                    self.gate.on_server_info(result["serverInfo"])
+        elif entry.method == "server/discover":
+            result = msg.obj.get("result")
+            meta = result.get("_meta") if type(result) is dict else None
+            if type(meta) is dict and type(meta.get(_SERVER_INFO_KEY)) is dict:
+                self.gate.on_server_info(meta[_SERVER_INFO_KEY])
         self.to_client.write(msg.raw if replacement is None else replacement)
 
     def _on_server_eof(self) -> None:
@@ -632,6 +642,5 @@ class Relay:
             self._stopping = True
             self.to_server.when_idle(self._server_in.close)
 
-    # ------------------------------------------------------------- evidence
     def on_reject(self, direction: str, reason: str, rej: Rejected | None) -> None:
-        """Hook for the audit log; the relay itself only logs."""
+        self.gate.on_reject(direction, reason, rej)
