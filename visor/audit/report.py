@@ -13,6 +13,7 @@ policy could not be analysed instead of breaking the report.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections import Counter, defaultdict
@@ -116,7 +117,8 @@ def _mentions(policy: Any, server: str, tool: str) -> list[str]:
 def _tool_view(policy: Any, server: Any, tool: Any, source: str) -> ToolView:
     controls: list[str] = []
     allowed = _get(tool, "allowed")
-    allowed = bool(server.allowed) and (allowed is not False)
+    # max_calls 0 forbids the tool outright, whatever `allowed` says.
+    allowed = bool(server.allowed) and (allowed is not False) and _get(tool, "max_calls") != 0
     if _get(tool, "approval_required"):
         controls.append("approval required")
     if _get(tool, "risk"):
@@ -137,10 +139,10 @@ def _tool_view(policy: Any, server: Any, tool: Any, source: str) -> ToolView:
     prefixes = tuple(_get(tool, "allowed_path_prefixes", ()) or ())
     confined = bool(prefixes) or "allow_path" in rules
     writes = bool(write_params) or bool(_WRITE_NAME.search(tool.name))
-    if write_params or prefixes:
-        controls.append(
-            f"writes via {', '.join(write_params) or 'paths'}; confined to {len(prefixes)} prefix(es)"
-        )
+    if write_params:
+        controls.append(f"writes via {', '.join(write_params)}; confined to {len(prefixes)} prefix(es)")
+    elif prefixes:
+        controls.append(f"paths confined to {len(prefixes)} prefix(es)")
     if _get(tool, "arg_patterns"):
         controls.append(f"argument patterns ×{len(tool.arg_patterns)}")
     controls += _mentions(policy, server.name, tool.name)
@@ -170,9 +172,18 @@ def analyse_policy(policy: Any) -> PolicyView:
         own = dict(server.tools)
         for tool in own.values():
             tools.append(_tool_view(policy, server, tool, "policy"))
+        # A pack describes a tool (what it sends or writes); registration still comes
+        # from the policy: the server's "*" entry if any, else the default action.
+        wildcard = own.get("*")
+        if wildcard is not None:
+            registered = _get(wildcard, "allowed") is not False
+        else:
+            registered = _get(policy, "default_action", "deny") == "allow"
         for tname, (origin, tool) in sorted(_pack_tools(policy, server).items()):
             if tname not in own:
-                tools.append(_tool_view(policy, server, tool, origin))
+                view = _tool_view(policy, server, tool, origin)
+                label = f"{origin} via *" if wildcard is not None else f"{origin}, not listed"
+                tools.append(dataclasses.replace(view, allowed=view.allowed and registered, source=label))
     settings = _get(policy, "settings")
     glob: list[str] = [f"default action: {_get(policy, 'default_action', 'deny')}"]
     for label, attr in (
