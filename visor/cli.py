@@ -42,7 +42,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     run.__class__ = _StderrParser
     run.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
-    run.add_argument("--audit-log", metavar="FILE", help="audit log (default: $VISOR_HOME/audit.jsonl)")
+    run.add_argument(
+        "--audit-log",
+        metavar="FILE",
+        help="audit log (default: $VISOR_HOME/audit/SERVER.jsonl, one per server)",
+    )
     run.add_argument("--server-name", metavar="NAME", default="", help="server name the policy refers to")
     run.add_argument(
         "--max-message-bytes",

@@ -289,6 +289,6 @@ class PolicyGate(Gate):
 
         try:
             self.audit.append(event)
-        except AuditUnhealthy as exc:
+        except (AuditUnhealthy, ValueError) as exc:
             # Later allows fail on their own commit; a lost non-allow record is logged.
             log.error("audit_append_failed", error=str(exc), audit_event=event.get("event"))

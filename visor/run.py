@@ -40,12 +40,24 @@ def protect_stdio() -> None:
     os.dup2(2, 1)
 
 
+def default_audit_path_for(server_name: str, command: list[str]) -> Path:
+    """One log per server under $VISOR_HOME/audit/: a log has a single writer.
+
+    A client that starts several wrapped servers at once runs one Visor per
+    server, and each needs a chain of its own.
+    """
+    from visor.audit.paths import visor_home
+
+    base = server_name or Path(command[0]).name or "server"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base).lstrip(".") or "server"
+    return visor_home() / "audit" / f"{safe}.jsonl"
+
+
 class StartupError(Exception):
     """Visor refuses to start: the message says what to fix."""
 
 
 def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
-    from visor.audit.paths import default_audit_path
     from visor.audit.writer import AuditError, AuditWriter, new_session_id
     from visor.pinfile import read_pins, write_pins
     from visor.policy.loader import PolicyError, load_default_policy, load_policy
@@ -71,7 +83,7 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
             write_pins(pin_path, data)
 
-    audit_path = Path(args.audit_log) if args.audit_log else default_audit_path()
+    audit_path = Path(args.audit_log) if args.audit_log else default_audit_path_for(args.server_name, command)
     try:
         audit = AuditWriter.open(
             audit_path,

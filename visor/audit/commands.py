@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from visor.audit.paths import chain_files, default_audit_path
+from visor.audit.paths import chain_files, default_audit_logs, default_audit_path
 
 
 def _audit_path(value: str | None) -> Path:
@@ -21,7 +21,7 @@ def _audit_path(value: str | None) -> Path:
 def cmd_verify(args: argparse.Namespace) -> int:
     from visor.audit.verify import verify_files
 
-    targets = [Path(f) for f in args.files] or [default_audit_path()]
+    targets = [Path(f) for f in args.files] or default_audit_logs() or [default_audit_path()]
     status = 0
     for target in targets:
         files = chain_files(target)

@@ -18,8 +18,28 @@ def visor_home() -> Path:
     return Path(os.environ.get("VISOR_HOME") or Path.home() / ".visor")
 
 
+def audit_dir() -> Path:
+    """`visor run` keeps one log per server here: a log has a single writer."""
+    return visor_home() / "audit"
+
+
+def default_audit_logs() -> list[Path]:
+    """Every live log in the default directory (rotated files follow from each)."""
+    try:
+        return sorted(p for p in audit_dir().iterdir() if p.name.endswith(".jsonl") and p.is_file())
+    except FileNotFoundError:
+        return []
+
+
 def default_audit_path() -> Path:
-    return visor_home() / "audit.jsonl"
+    """The one default log, when there is exactly one; else name one with --file/--audit."""
+    logs = default_audit_logs()
+    if len(logs) == 1:
+        return logs[0]
+    if not logs:
+        return audit_dir() / "default.jsonl"
+    names = ", ".join(p.name for p in logs)
+    raise SystemExit(f"visor: several audit logs in {audit_dir()} ({names}); name one with --file or --audit")
 
 
 def lock_path(path: Path) -> Path:
