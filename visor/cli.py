@@ -74,6 +74,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="write the audit log without fsync (for measuring; allows are then not durable)",
     )
+    run.add_argument(
+        "--approval-dir",
+        metavar="DIR",
+        help="ask for approvals through pending files in DIR (answer with `visor approve`/`visor deny`)",
+    )
+    run.add_argument("--approval-tty", action="store_true", help="ask for approvals on /dev/tty (never stdin)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
@@ -134,20 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Each of these modules offers `register(subparsers)` for its own subcommands.
+_COMMAND_MODULES = (
+    "visor.policy.commands",
+    "visor.audit.commands",
+    "visor.approval.commands",
+    "visor.install.commands",
+)
+
+
 def _optional_registrations() -> list:  # type: ignore[type-arg]
+    import importlib
+
     registrations = []
-    try:
-        from visor.policy.commands import register as policy_register
-
-        registrations.append(policy_register)
-    except ImportError:
-        pass
-    try:
-        from visor.audit.commands import register as audit_register
-
-        registrations.append(audit_register)
-    except ImportError:
-        pass
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        registrations.append(module.register)
     return registrations
 
 
