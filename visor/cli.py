@@ -157,7 +157,9 @@ def _optional_registrations() -> list:  # type: ignore[type-arg]
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name != name:
+            # Only the module itself (or its package) being absent is skipped;
+            # a broken import inside it is a bug and must surface.
+            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise
             continue
         registrations.append(module.register)
