@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from visor.policy import chains
 from visor.policy import destinations as dst
+from visor.policy.loader import build_plan, build_screens
 from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
         prefix_alts=union(base.prefix_alts, over.prefix_alts),
         arg_patterns=base.arg_patterns + over.arg_patterns,
         max_calls=over.max_calls if over.max_calls is not None else base.max_calls,
+        screens=over.screens if not base.rules else build_screens(base.rules + over.rules),
+        plan=over.plan if not base.rules else build_plan(base.rules + over.rules),
         origin=f"{over.origin}+{base.origin}",
         line=over.line or base.line,
     )

@@ -14,6 +14,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from visor.policy.paths import snake
@@ -58,6 +59,7 @@ _DEST_WORDS: frozenset[str] = frozenset(
 _NOT_DEST_WORDS: frozenset[str] = frozenset({"from", "sender", "image", "avatar", "thumbnail", "source"})
 
 
+@lru_cache(maxsize=4096)
 def is_destination_name(name: str) -> bool:
     words = snake(name).split("_")
     if any(w in _NOT_DEST_WORDS for w in words):
@@ -76,7 +78,18 @@ _HOST_RE = re.compile(
 _FULL_HOST_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}\.?")
 _CHANNEL_RE = re.compile(r"[#@]?[\w.\-]{1,80}")
 _PHONE_RE = re.compile(r"\+?[\d\s().\-]{7,24}")
-_TOKEN_SPLIT = re.compile(r"[\s,;<>()\[\]{}\"'`|]+")
+_SPACES = re.compile(r"\s+")
+_LIST_SEP = re.compile(r"[,;]")
+_LIST_SPLIT = re.compile(r"[,;\s]+")
+_BRACKETS = re.compile(r"<([^<>]*)>")
+_SUBTOKEN = re.compile(r"[/:=&?]+")
+# Identifier-like tokens: anything with a digit or one of - _ . / : in it
+# (channel ids, "leak-room", hostnames). Plain words are indexed only when
+# marked with # or @, which keeps the index small on ordinary prose; an
+# unmarked plain name in a call is then unknown (ask), not denied.
+_PIECE_SPLIT = re.compile(r"[,;<>()\[\]{}\"'`|]+")
+_HAS_DIGIT = re.compile(r"\d")
+_TAGGED_RE = re.compile(r"(?<![\w])[#@]([\w][\w.\-]{0,79})")
 _EDGE = ".:!?*#@/\\=&"
 
 
@@ -135,7 +148,7 @@ class Dest:
 
 
 def _email(addr: str) -> Dest | None:
-    addr = re.sub(r"\s+", "", addr)
+    addr = _SPACES.sub("", addr)
     if addr.count("@") != 1 or _EMAIL_RE.fullmatch(addr) is None:
         return None
     local, domain = addr.rsplit("@", 1)
@@ -159,7 +172,7 @@ def parse(raw: str) -> list[Dest]:
         return []
     if s[:7].lower() == "mailto:":
         body, _, query = s[7:].partition("?")
-        pieces = [p for p in re.split(r"[,;]", body) if p.strip()]
+        pieces = [p for p in _LIST_SEP.split(body) if p.strip()]
         pieces += [v for k, v in parse_qsl(query) if k.lower() in ("to", "cc", "bcc")]
         out: list[Dest] = []
         for p in pieces:
@@ -170,17 +183,17 @@ def parse(raw: str) -> list[Dest]:
         if keys is None:
             return [Dest("opaque", f"opaque:{s.casefold()}", (f"token:{s.casefold()}",))]
         return [Dest("url", keys[0], tuple(keys), keys[1][5:])]
-    brackets = re.findall(r"<([^<>]*)>", s)
+    brackets = _BRACKETS.findall(s) if "<" in s else []
     if brackets:  # "Name <addr>, Other <addr2>"
         out = []
         for inner in brackets:
             out.extend(parse(inner))
-        rest = re.sub(r"<[^<>]*>", " ", s)
-        out.extend(d for part in re.split(r"[,;]", rest) for d in _parse_piece_if_address(part))
+        rest = _BRACKETS.sub(" ", s)
+        out.extend(d for part in _LIST_SEP.split(rest) for d in _parse_piece_if_address(part))
         return out
-    if re.search(r"[,;]", s) or (" " in s and "@" in s and s.count("@") > 1):
+    if "," in s or ";" in s or (" " in s and s.count("@") > 1):
         out = []
-        for part in re.split(r"[,;\s]+", s):
+        for part in _LIST_SPLIT.split(s):
             if part:
                 out.extend(parse(part))
         return out
@@ -304,10 +317,10 @@ EMPTY_TRUST = TrustList(frozenset(), frozenset(), (), ())
 class OutputIndex:
     """Keys of every destination-like token seen in untrusted output.
 
-    ``add`` tokenises once; ``seen`` is a handful of set lookups. Extraction is
-    deliberately generous (every word becomes a token) because a false hit
-    costs a deny, while a miss would let an injected destination through as an
-    ask.
+    ``add`` extracts once; ``seen`` is a handful of set lookups, so the cost of
+    a check does not grow with history. Extraction is generous (emails, URLs,
+    hosts, phone numbers, #/@ names and every identifier-like token) because a
+    false hit costs a deny, while a miss only turns a deny into an ask.
     """
 
     __slots__ = ("_keys",)
@@ -321,35 +334,47 @@ class OutputIndex:
     def add(self, text: str) -> None:
         if not text:
             return
-        keys = self._keys
-        variants = {text}
         cleaned = _clean(text)
-        variants.add(cleaned)
-        for s in variants:
-            for m in _URL_RE.finditer(s):
-                url = m.group(0).rstrip(".,;:!?)]}'\"")
-                k = _url_keys(url)
+        for s in (text,) if cleaned == text else (text, cleaned):
+            # Whitespace-separated chunks first (a C-speed split), then the
+            # regexes only on the chunks that can hold what they look for.
+            for chunk in s.split():
+                if not chunk.isalpha():
+                    self._chunk(chunk)
+            if _HAS_DIGIT.search(s):
+                for m in _PHONE_RE.finditer(s):
+                    digits = "".join(c for c in m.group(0) if c.isdigit())
+                    if len(digits) >= 7:
+                        self._keys.add("phone:" + digits)
+
+    def _chunk(self, chunk: str) -> None:
+        keys = self._keys
+        if "://" in chunk:
+            for m in _URL_RE.finditer(chunk):
+                k = _url_keys(m.group(0).rstrip(".,;:!?)]}'\""))
                 if k:
                     keys.update(k)
-            for m in _EMAIL_RE.finditer(s):
+        if "@" in chunk:
+            for m in _EMAIL_RE.finditer(chunk):
                 d = _email(m.group(0).rstrip("."))
                 if d is not None:
                     keys.update(d.keys)
-            for m in _HOST_RE.finditer(s):
+        if "." in chunk:
+            for m in _HOST_RE.finditer(chunk):
                 keys.add("host:" + _host_key(m.group(0)))
-            for m in _PHONE_RE.finditer(s):
-                digits = "".join(c for c in m.group(0) if c.isdigit())
-                if len(digits) >= 7:
-                    keys.add("phone:" + digits)
-            for tok in _TOKEN_SPLIT.split(s.casefold()):
-                tok = tok.strip(_EDGE)
-                if tok:
-                    keys.add("token:" + tok)
-                    if "/" in tok or ":" in tok:  # "see #ops/team:" style fragments
-                        for sub in re.split(r"[/:=&?]+", tok):
-                            sub = sub.strip(_EDGE)
-                            if sub:
-                                keys.add("token:" + sub)
+        if "#" in chunk or "@" in chunk:
+            # "#general", "@ops-team": plain names marked as places
+            for m in _TAGGED_RE.finditer(chunk):
+                keys.add("token:" + m.group(1).casefold())
+        for piece in _PIECE_SPLIT.split(chunk.casefold()):
+            tok = piece.strip(_EDGE)
+            if tok and not tok.isalpha():
+                keys.add("token:" + tok)
+                if "/" in tok or ":" in tok:  # "see #ops/team:" style fragments
+                    for sub in _SUBTOKEN.split(tok):
+                        sub = sub.strip(_EDGE)
+                        if sub and not sub.isalpha():
+                            keys.add("token:" + sub)
 
     def seen(self, d: Dest) -> bool:
         keys = self._keys

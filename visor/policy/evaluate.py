@@ -249,17 +249,22 @@ def check_path_prefixes(c: _Ctx) -> Decision | None:
 
 
 def check_argument_rules(c: _Ctx) -> Decision | None:
-    entry = c.entry
-    if entry is None or not entry.rules:
+    entry = c.eff.entry
+    if entry is None or not entry.plan:
         return None
-    args = c.call.arguments
-    for rule in entry.rules:
-        fn = rules.ARGUMENT_CHECKS.get(rule.type)
-        if fn is None:
-            continue
-        reason = fn(rule, args)
-        if reason is not None:
-            return _deny(f"{c.prefix}.{rule.type}", reason)
+    view = rules.CallView(c.call.arguments)
+    screens = entry.screens
+    for rtype, fn, group in entry.plan:
+        screen = screens.get(rtype)
+        if screen is not None:
+            # one combined regex tells whether any pattern of this type can match
+            texts = view.commands() if rtype == "deny_command_pattern" else view.queries()
+            if not any(screen.search(t) for _w, _p, ts in texts for t in ts):
+                continue
+        for rule in group:
+            reason = fn(rule, view)
+            if reason is not None:
+                return _deny(f"{c.prefix}.{rtype}", reason)
     return None
 
 
@@ -432,11 +437,35 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 )
 
 
+# Checks that can never fire for a policy are left out of its plan (a policy
+# with no chains skips the chain check); the order of the rest is unchanged.
+_SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
+    check_session_budget: lambda p: p.settings.session_max_calls is None,
+    check_session_timeout: lambda p: p.settings.session_timeout_seconds is None,
+    check_egress: lambda p: not p.egress_controls,
+    check_chains: lambda p: not p.tool_chains,
+    check_identity: lambda p: not p.identities,
+    check_time: lambda p: not p.time_restrictions,
+}
+_PLANS: dict[int, tuple[Policy, tuple[Check, ...]]] = {}
+
+
+def _plan(policy: Policy) -> tuple[Check, ...]:
+    hit = _PLANS.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    plan = tuple(check for _n, check in CHECKS if not (check in _SKIPPABLE and _SKIPPABLE[check](policy)))
+    if len(_PLANS) > 64:  # policies are few; never let the cache grow without bound
+        _PLANS.clear()
+    _PLANS[id(policy)] = (policy, plan)
+    return plan
+
+
 def evaluate(policy: Policy, session: SessionState, call: ToolCall, now: datetime | None = None) -> Decision:
     """Decide one call. Never mutates ``session``."""
     ctx = _Ctx(policy, session, call, now if now is not None else datetime.now(UTC))
     pending: Decision | None = None
-    for _name, check in CHECKS:
+    for check in _plan(policy):
         try:
             d = check(ctx)
         except paths.PathError as e:

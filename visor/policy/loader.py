@@ -441,7 +441,36 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
         kw["arg_patterns"] = tuple((a, r.regex(v, f"{akey}.{a}")) for a, v in amap.items())
     if "max_calls" in m:
         kw["max_calls"] = r.int_(m["max_calls"], f"{key}.max_calls")
+    kw["screens"] = build_screens(kw.get("rules", ()))
+    kw["plan"] = build_plan(kw.get("rules", ()))
     return ToolPolicy(**kw)
+
+
+def build_plan(rules: tuple[Rule, ...]) -> tuple:
+    """Argument rules grouped by type (first appearance order) with their check."""
+    from visor.policy.rules import ARGUMENT_CHECKS
+
+    groups: dict[str, list[Rule]] = {}
+    for r in rules:
+        if r.type in ARGUMENT_CHECKS:
+            groups.setdefault(r.type, []).append(r)
+    return tuple((t, ARGUMENT_CHECKS[t], tuple(g)) for t, g in groups.items())
+
+
+def build_screens(rules: tuple[Rule, ...]) -> dict[str, re.Pattern[str]]:
+    """One alternation per deny pattern type, so a call that matches none of
+    thirty patterns costs one regex search. Patterns that cannot be combined
+    (a backreference, an inline global flag) leave the type unscreened."""
+    out: dict[str, re.Pattern[str]] = {}
+    for rtype in ("deny_command_pattern", "deny_query_pattern"):
+        pats = [p for r in rules if r.type == rtype for p in r.patterns]
+        if len(pats) < 2 or any(re.search(r"\\[1-9]|\(\?[aiLmsux]+\)|\(\?P=", p) for p in pats):
+            continue
+        try:
+            out[rtype] = re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
+        except re.error:
+            continue
+    return out
 
 
 def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from visor.policy.schema import Glob
@@ -89,11 +90,13 @@ _TEXT_NAMES: frozenset[str] = frozenset(
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
+@lru_cache(maxsize=4096)
 def snake(name: str) -> str:
     """``toAddress`` -> ``to_address``; ``Recipient-Email`` -> ``recipient_email``."""
     return _CAMEL.sub("_", name).replace("-", "_").lower()
 
 
+@lru_cache(maxsize=4096)
 def is_path_name(name: str) -> bool:
     s = snake(name)
     if s in _PATH_NAMES:

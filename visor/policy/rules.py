@@ -47,6 +47,7 @@ def named_strings(arguments: dict, names: frozenset[str]) -> list[str]:
 
 # ------------------------------------------------------------ shell splitting
 
+_PLAIN = re.compile(r"[^;&|\n\r`$()<>{}'\"\\]*")
 _SEPARATORS = ("&&", "||", ";;", ";", "&", "|", "\n", "\r")
 
 
@@ -59,6 +60,10 @@ def split_command(cmd: str) -> list[str]:
     is not a full shell parser; it errs towards more parts, and every part must
     pass, so an error costs a deny, not an allow.
     """
+    if _PLAIN.fullmatch(cmd):
+        # nothing that separates or substitutes: one simple command
+        stripped = cmd.strip()
+        return [stripped] if stripped else []
     parts: list[str] = []
     cur: list[str] = []
     i, n = 0, len(cmd)
@@ -163,22 +168,57 @@ def split_sql(query: str) -> list[str]:
 _SQL_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*", re.S)
 
 
+# ------------------------------------------------------------ per-call view
+
+
+class CallView:
+    """The call's arguments with the expensive splits done once per call,
+    however many rules read them."""
+
+    __slots__ = ("_commands", "_queries", "args")
+
+    def __init__(self, args: dict) -> None:
+        self.args = args
+        self._commands: list[tuple[str, list[str], list[str]]] | None = None
+        self._queries: list[tuple[str, list[str], list[str]]] | None = None
+
+    def commands(self) -> list[tuple[str, list[str], list[str]]]:
+        """``(command, parts, texts a deny pattern must not match)`` per command argument."""
+        if self._commands is None:
+            out = []
+            for cmd in named_strings(self.args, COMMAND_ARGS):
+                parts = split_command(cmd)
+                texts = [v for piece in (cmd, *parts) for v in _variants(piece)]
+                out.append((cmd, parts, texts))
+            self._commands = out
+        return self._commands
+
+    def queries(self) -> list[tuple[str, list[str], list[str]]]:
+        if self._queries is None:
+            out = []
+            for q in named_strings(self.args, QUERY_ARGS):
+                stripped = _SQL_COMMENT.sub(" ", q)
+                statements = split_sql(q)
+                texts = list(dict.fromkeys([q, stripped, *statements, *split_sql(stripped)]))
+                out.append((q, statements, texts))
+            self._queries = out
+        return self._queries
+
+
 # ------------------------------------------------------------ checks
 
 
-def deny_command_pattern(rule: Rule, args: dict) -> str | None:
-    for cmd in named_strings(args, COMMAND_ARGS):
-        for piece in [cmd, *split_command(cmd)]:
-            for v in _variants(piece):
-                for rx in rule.regexes:
-                    if rx.search(v):
-                        return f"command matches deny pattern {rx.pattern!r}"
+def deny_command_pattern(rule: Rule, view: CallView) -> str | None:
+    for _cmd, _parts, texts in view.commands():
+        for v in texts:
+            for rx in rule.regexes:
+                if rx.search(v):
+                    return f"command matches deny pattern {rx.pattern!r}"
     return None
 
 
-def allow_command_pattern(rule: Rule, args: dict) -> str | None:
-    for cmd in named_strings(args, COMMAND_ARGS):
-        parts = split_command(cmd)
+def allow_command_pattern(rule: Rule, view: CallView) -> str | None:
+    for _cmd, parts, _texts in view.commands():
         if not parts:
             return "command is empty"
         for part in parts:
@@ -187,8 +227,8 @@ def allow_command_pattern(rule: Rule, args: dict) -> str | None:
     return None
 
 
-def deny_command_keyword(rule: Rule, args: dict) -> str | None:
-    for cmd in named_strings(args, COMMAND_ARGS):
+def deny_command_keyword(rule: Rule, view: CallView) -> str | None:
+    for cmd, _parts, _texts in view.commands():
         folded = cmd.casefold()
         collapsed = " ".join(_QUOTES.sub("", folded).split())
         for kw in rule.keywords:
@@ -197,19 +237,17 @@ def deny_command_keyword(rule: Rule, args: dict) -> str | None:
     return None
 
 
-def deny_query_pattern(rule: Rule, args: dict) -> str | None:
-    for q in named_strings(args, QUERY_ARGS):
-        stripped = _SQL_COMMENT.sub(" ", q)
-        for piece in [q, stripped, *split_sql(q), *split_sql(stripped)]:
+def deny_query_pattern(rule: Rule, view: CallView) -> str | None:
+    for _q, _statements, texts in view.queries():
+        for piece in texts:
             for rx in rule.regexes:
                 if rx.search(piece):
                     return f"query matches deny pattern {rx.pattern!r}"
     return None
 
 
-def allow_query_pattern(rule: Rule, args: dict) -> str | None:
-    for q in named_strings(args, QUERY_ARGS):
-        statements = split_sql(q)
+def allow_query_pattern(rule: Rule, view: CallView) -> str | None:
+    for _q, statements, _texts in view.queries():
         if not statements:
             return "query is empty"
         for st in statements:
@@ -226,7 +264,8 @@ def recipient_values(args: dict) -> list[str]:
     return out
 
 
-def deny_recipient_domain(rule: Rule, args: dict) -> str | None:
+def deny_recipient_domain(rule: Rule, view: CallView) -> str | None:
+    args = view.args
     for value in recipient_values(args):
         for d in dst.parse(value):
             if d.domain and any(dst.domain_within(d.domain, p) for p in rule.domains):
@@ -236,7 +275,8 @@ def deny_recipient_domain(rule: Rule, args: dict) -> str | None:
     return None
 
 
-def allow_recipient_domain(rule: Rule, args: dict) -> str | None:
+def allow_recipient_domain(rule: Rule, view: CallView) -> str | None:
+    args = view.args
     for value in recipient_values(args):
         for d in dst.parse(value):
             if d.kind == "opaque" and ("@" in d.value or "." in d.value):
@@ -260,7 +300,8 @@ def repo_names(args: dict) -> list[str]:
     return out
 
 
-def allowed_repos(rule: Rule, args: dict) -> str | None:
+def allowed_repos(rule: Rule, view: CallView) -> str | None:
+    args = view.args
     names = repo_names(args)
     if not names:
         return "no repository argument to check against allowed_repos"
@@ -284,7 +325,8 @@ def _number(v: object) -> int | None:
     return None
 
 
-def max_file_size(rule: Rule, args: dict) -> str | None:
+def max_file_size(rule: Rule, view: CallView) -> str | None:
+    args = view.args
     assert rule.limit is not None
     for k, v in args.items():
         s = snake(k)
@@ -301,7 +343,8 @@ def max_file_size(rule: Rule, args: dict) -> str | None:
 _SQL_LIMIT = re.compile(r"\blimit\s+(\d+)", re.I)
 
 
-def max_result_rows(rule: Rule, args: dict) -> str | None:
+def max_result_rows(rule: Rule, view: CallView) -> str | None:
+    args = view.args
     assert rule.limit is not None
     for k, v in args.items():
         if snake(k) in ROW_ARGS:
@@ -317,7 +360,7 @@ def max_result_rows(rule: Rule, args: dict) -> str | None:
 
 #: Rule types checked by argument only (the path rules need normalised paths
 #: and are run by the evaluator; require_approval_always is an ask).
-ARGUMENT_CHECKS: dict[str, Callable[[Rule, dict], str | None]] = {
+ARGUMENT_CHECKS: dict[str, Callable[[Rule, CallView], str | None]] = {
     "deny_command_pattern": deny_command_pattern,
     "allow_command_pattern": allow_command_pattern,
     "deny_command_keyword": deny_command_keyword,

@@ -8,6 +8,7 @@ path. All containers are tuples or dicts that nobody mutates after loading.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -90,6 +91,10 @@ class ToolPolicy:
     prefix_alts: tuple[str, ...] = ()  # the same prefixes with symlinks resolved
     arg_patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
     max_calls: int | None = None
+    # per deny rule type, all its patterns in one regex: a quick "can any match?"
+    screens: dict[str, re.Pattern[str]] = field(default_factory=dict)
+    # argument rules grouped by type, in order of first appearance: (type, check, rules)
+    plan: tuple[tuple[str, Callable[..., str | None], tuple[Rule, ...]], ...] = ()
     origin: str = "policy"  # "policy", "pack:NAME" or "policy+pack:NAME"
     line: int = 0
 
