@@ -79,7 +79,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="DIR",
         help="ask for approvals through pending files in DIR (answer with `visor approve`/`visor deny`)",
     )
-    run.add_argument("--approval-tty", action="store_true", help="ask for approvals on /dev/tty (never stdin)")
+    run.add_argument(
+        "--approval-tty", action="store_true", help="ask for approvals on /dev/tty (never stdin)"
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
@@ -134,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure Visor against a direct connection and a byte relay")
     bench.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     bench.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
+    bench.add_argument(
+        "--server-cmd", metavar="CMD", help="benchmark your own server (a shell-quoted command line)"
+    )
+    bench.add_argument("--policy", metavar="FILE", help="with --server-cmd: your policy")
+    bench.add_argument(
+        "--server-name", default="", help="with --server-cmd: the server name your policy uses"
+    )
+    bench.add_argument("--tool", default="echo", help="with --server-cmd: the tool to call")
+    bench.add_argument(
+        "--arguments", default="{}", metavar="JSON", help="with --server-cmd: the call's arguments"
+    )
     bench.set_defaults(func=_cmd_bench)
     for register in _optional_registrations():
         register(sub)

@@ -250,6 +250,15 @@ class PolicyGate(Gate):
     async def close(self) -> None:
         self._append({"event": "session_end", "server": self.server})
         await self.audit.close()
+        stats = self.audit.stats
+        log.info(
+            "audit_stats",
+            commits=stats.commits,
+            fsyncs=stats.fsync_count,
+            records=stats.records_written,
+            largest_group=stats.largest_group,
+            healthy=self.audit.healthy,
+        )
 
     # ------------------------------------------------------------- evidence
     def _event(self, msg: Message, kind: str, decision: Decision) -> dict[str, Any]:

@@ -22,6 +22,7 @@ TOOLS = {
             "description": "Send mail",
             "inputSchema": {"type": "object", "properties": {"to": {"type": "string"}}},
         },
+        {"name": "read_ticket", "description": "A 4 KB ticket", "inputSchema": {"type": "object"}},
         {
             "name": "read_file",
             "description": "Read a file",
@@ -29,6 +30,16 @@ TOOLS = {
         },
     ]
 }
+
+
+def _ticket(n: object) -> dict:
+    # 4 KB of untrusted text with a few destinations in it, different per call,
+    # so that the provenance index grows as it would in a long session.
+    text = (
+        f"Ticket {n}: customer user{n}@corp{n}.example wrote from https://portal{n}.example/t/{n} "
+        f"and asked us to cc ops{n}@vendor.example. "
+    )
+    return {"content": [{"type": "text", "text": (text * 40)[:4096]}], "isError": False}
 
 
 def main() -> None:
@@ -46,7 +57,13 @@ def main() -> None:
             continue
         method = msg["method"]
         if method == "tools/call":
-            result = big if msg["params"]["name"] == "big" else small
+            name = msg["params"]["name"]
+            if name == "big":
+                result = big
+            elif name == "read_ticket":
+                result = _ticket(msg["id"])
+            else:
+                result = small
         elif method == "tools/list":
             result = TOOLS
         elif method == "initialize":
