@@ -247,7 +247,7 @@ def lint_policy(policy: Policy) -> list[Finding]:
                 "warning",
                 policy.identities[0].line,
                 "identities",
-                "identities apply only when an identity is given (settings.identity or visor run --identity)",
+                "identities apply only when an identity is given (settings.identity)",
             )
         )
     for i, ident in enumerate(policy.identities):
