@@ -1,0 +1,98 @@
+"""The `visor init`, `visor policy scaffold` and `visor doctor` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    init = subparsers.add_parser(
+        "init",
+        help="wrap the servers of an MCP client config in `visor run` (or undo it)",
+        description=(
+            "Rewrite the stdio servers of an MCP client config to start through `visor run`. "
+            "The original entry is kept under x-visor-upstream, so --undo restores it exactly. "
+            "Shows a diff and asks before writing; keeps a timestamped backup next to the file."
+        ),
+    )
+    init.add_argument("--config", metavar="FILE", help="the client config (.mcp.json, mcp.json, ...)")
+    init.add_argument(
+        "--server", metavar="NAME", action="append", help="only this server (repeatable; default: all)"
+    )
+    init.add_argument(
+        "--policy", metavar="FILE", help="policy for the wrapped servers (written as an absolute path)"
+    )
+    init.add_argument("--yes", "-y", action="store_true", help="write without asking")
+    init.add_argument("--undo", action="store_true", help="restore the entries from x-visor-upstream")
+    init.add_argument(
+        "--absolute",
+        action="store_true",
+        help="write the absolute path of the visor executable (desktop apps may not see your shell's PATH)",
+    )
+    init.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
+    init.add_argument(
+        "--list", action="store_true", help="find the usual client configs and list their servers"
+    )
+    init.set_defaults(func=_init)
+
+    policy = subparsers.add_parser("policy", help="policy helpers: scaffold")
+    actions = policy.add_subparsers(dest="policy_action", metavar="ACTION")
+    scaffold = actions.add_parser(
+        "scaffold",
+        help="start a server, list its tools, write a default-deny policy that allows them",
+        usage="visor policy scaffold [OPTIONS] -- COMMAND [ARGS...]",
+    )
+    scaffold.add_argument(
+        "--server-name", metavar="NAME", help="server name in the policy (default: guessed from COMMAND)"
+    )
+    scaffold.add_argument("-o", "--output", metavar="FILE", help="write the policy here (default: stdout)")
+    scaffold.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    scaffold.add_argument(
+        "--write-root",
+        metavar="DIR",
+        help="confine writing tools to DIR (default: the current directory)",
+    )
+    scaffold.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="per request (default 60)"
+    )
+    scaffold.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
+    scaffold.set_defaults(func=_scaffold)
+    policy.set_defaults(func=lambda args: _usage(policy))
+
+    doctor = subparsers.add_parser(
+        "doctor", help="check that wrapped servers start, logs verify, policies lint"
+    )
+    doctor.add_argument(
+        "--config",
+        metavar="FILE",
+        action="append",
+        help="check this client config (repeatable; default: the usual locations)",
+    )
+    doctor.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per server start (default 30)"
+    )
+    doctor.add_argument("--no-start", action="store_true", help="do not start the wrapped servers")
+    doctor.set_defaults(func=_doctor)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _init(args: argparse.Namespace) -> int:
+    from visor.install.init import run_init
+
+    return run_init(args)
+
+
+def _scaffold(args: argparse.Namespace) -> int:
+    from visor.install.scaffold import run_scaffold
+
+    return run_scaffold(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from visor.install.doctor import run_doctor
+
+    return run_doctor(args)

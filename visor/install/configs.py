@@ -1,0 +1,402 @@
+"""MCP client configs: find the server entries, wrap them in `visor run`, undo it.
+
+Everything here is text in, text out. A rewrite splices new text over the
+spans of the entries it changes and leaves every other byte of the file alone,
+so comments, key order, blank lines and the trailing newline survive, and an
+undo right after a wrap gives back the original file exactly.
+
+The original entry is kept *as text* (re-indented one level) under
+``x-visor-upstream``: undo puts that text back, comments inside the entry
+included. The wrapped entry keeps every other key of the original (``env``,
+``cwd``, ``envFile``, ``type``, client settings such as ``disabled``), so the
+client still gives the server its environment and still knows the entry; only
+``command`` and ``args`` change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from visor.install.jsonc import Document, JsoncError, Member, Node, parse, position
+
+UPSTREAM_KEY = "x-visor-upstream"
+_REMOTE_TYPES = frozenset({"http", "sse", "streamable-http", "streamablehttp", "ws", "websocket"})
+
+
+class ConfigError(Exception):
+    """A config Visor will not rewrite; the message names the file and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One server entry of a config."""
+
+    block: tuple[str, ...]  # where its servers block is: ("mcpServers",), ("projects", P, "mcpServers")
+    name: str
+    member: Member
+    kind: str  # "stdio" | "wrapped" | "remote" | "other"
+    note: str = ""
+
+    @property
+    def value(self) -> Any:
+        return self.member.value.value
+
+    @property
+    def label(self) -> str:
+        return ".".join((*self.block, self.name)) if len(self.block) > 1 else self.name
+
+    def summary(self) -> str:
+        """The command line the entry runs, or its URL, shortened for a listing."""
+        v = self.value if isinstance(self.value, dict) else {}
+        if self.kind == "remote":
+            return str(v.get("url", v.get("type", "")))
+        if self.kind == "wrapped":
+            up = v.get(UPSTREAM_KEY)
+            src = up if isinstance(up, dict) else v
+        else:
+            src = v
+        argv = command_line(src)
+        text = shlex.join(argv) if argv else ""
+        return text if len(text) <= 90 else text[:87] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    path: str  # for messages only
+    doc: Document
+    entries: tuple[Entry, ...]
+    blocks: tuple[tuple[str, ...], ...]
+
+
+def command_line(entry: dict) -> list[str]:
+    cmd = entry.get("command")
+    args = entry.get("args", [])
+    if not isinstance(cmd, str) or not isinstance(args, list):
+        return []
+    return [cmd, *(str(a) for a in args)]
+
+
+def _is_visor_command(entry: dict) -> bool:
+    cmd = entry.get("command")
+    args = entry.get("args")
+    if not isinstance(cmd, str) or not isinstance(args, list) or not args:
+        return False
+    base = cmd.replace("\\", "/").rsplit("/", 1)[-1].lower()
+    return base in ("visor", "visor.exe") and args[0] == "run"
+
+
+def classify(value: Any) -> tuple[str, str]:
+    if not isinstance(value, dict):
+        return "other", "not an object"
+    if UPSTREAM_KEY in value:
+        return "wrapped", ""
+    if _is_visor_command(value):
+        return "wrapped", f"wrapped by hand (no {UPSTREAM_KEY}: undo cannot restore it)"
+    kind = str(value.get("type", "")).lower()
+    if "url" in value or "serverUrl" in value or kind in _REMOTE_TYPES:
+        return "remote", "remote server: not covered, Visor wraps stdio servers only"
+    if not isinstance(value.get("command"), str):
+        return "other", "no command"
+    args = value.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return "other", "args is not a list of strings"
+    return "stdio", ""
+
+
+def _blocks(root: Node) -> list[tuple[tuple[str, ...], Node]]:
+    """Every servers block this file has, in document order."""
+    found: list[tuple[tuple[str, ...], Node]] = []
+    for m in root.members:
+        if m.key in ("mcpServers", "servers") and isinstance(m.value.value, dict):
+            found.append(((m.key,), m.value))
+        elif m.key == "mcp" and isinstance(m.value.value, dict):
+            # VS Code user settings.json: "mcp": {"servers": {...}}
+            inner = m.value.member("servers")
+            if inner is not None and isinstance(inner.value.value, dict):
+                found.append((("mcp", "servers"), inner.value))
+        elif m.key == "projects" and isinstance(m.value.value, dict):
+            # ~/.claude.json: per-project ("local scope") servers
+            for p in m.value.members:
+                inner = p.value.member("mcpServers") if isinstance(p.value.value, dict) else None
+                if inner is not None and isinstance(inner.value.value, dict):
+                    found.append((("projects", p.key, "mcpServers"), inner.value))
+    return found
+
+
+def _allows_comments(path: str, blocks: list[tuple[tuple[str, ...], Node]]) -> bool:
+    """VS Code reads its MCP config as JSONC; the other clients use strict JSON."""
+    parts = Path(path).parts
+    if ".vscode" in parts or Path(path).name == "settings.json":
+        return True
+    return bool(blocks) and all(b[0] in ("servers", "mcp") for b, _ in blocks)
+
+
+def load_text(text: str, path: str) -> Config:
+    try:
+        doc = parse(text)
+    except JsoncError as e:
+        raise ConfigError(
+            f"{path}:{e.line}:{e.column}: not valid JSON: {e.message}; fix the file (it was not changed)"
+        ) from None
+    if not isinstance(doc.root.value, dict):
+        raise ConfigError(f"{path}: the top level is not a JSON object; this is not an MCP client config")
+    blocks = _blocks(doc.root)
+    if doc.extensions and not _allows_comments(path, blocks):
+        ext = doc.extensions[0]
+        raise ConfigError(
+            f"{path}:{ext.line}:{ext.column}: {ext.kind} in a strict JSON file: this client does not "
+            f"accept it either; remove it and run again (the file was not changed)"
+        )
+    entries = [
+        Entry(block, m.key, m, *classify(m.value.value)) for block, node in blocks for m in node.members
+    ]
+    return Config(path, doc, tuple(entries), tuple(b for b, _ in blocks))
+
+
+# ------------------------------------------------------------- formatting
+
+
+def _newline(text: str) -> str:
+    return "\r\n" if "\r\n" in text else "\n"
+
+
+def _line_indent(text: str, offset: int) -> str:
+    start = text.rfind("\n", 0, offset) + 1
+    line = text[start:offset]
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def detect_indent(text: str) -> str:
+    """The file's indentation unit: a tab, or the smallest step of spaces (default two)."""
+    steps: list[int] = []
+    for line in text.splitlines():
+        stripped = line.lstrip(" \t")
+        if not stripped or len(stripped) == len(line):
+            continue
+        lead = line[: len(line) - len(stripped)]
+        if lead.startswith("\t"):
+            return "\t"
+        steps.append(len(lead))
+    return " " * min(steps) if steps else "  "
+
+
+def _entry_unit(text: str, node: Node, entry_indent: str) -> str:
+    """The indentation step inside this entry, else the file's."""
+    for m in node.members:
+        inner = _line_indent(text, m.key_start)
+        if inner.startswith(entry_indent) and len(inner) > len(entry_indent):
+            return inner[len(entry_indent) :]
+    return detect_indent(text)
+
+
+def _shift(text: str, prefix: str) -> str:
+    """Add `prefix` to every non-empty line after the first."""
+    lines = text.split("\n")
+    return "\n".join([lines[0], *(prefix + ln if ln not in ("", "\r") else ln for ln in lines[1:])])
+
+
+def _unshift(text: str, prefix: str) -> str:
+    lines = text.split("\n")
+    if not prefix:
+        return text
+    return "\n".join([lines[0], *(ln[len(prefix) :] if ln.startswith(prefix) else ln for ln in lines[1:])])
+
+
+def _dump(value: Any, indent: str | None, depth_indent: str, nl: str) -> str:
+    if indent is None:
+        return json.dumps(value, ensure_ascii=False)
+    text = _shift(json.dumps(value, ensure_ascii=False, indent=indent), depth_indent)
+    return text.replace("\n", nl)
+
+
+# ------------------------------------------------------------- wrap / undo
+
+
+@dataclass(frozen=True, slots=True)
+class WrapOptions:
+    visor_command: str = "visor"
+    policy: str | None = None  # absolute path, or None for the embedded default
+
+
+def visor_args(name: str, upstream: list[str], policy: str | None) -> list[str]:
+    args = ["run", "--server-name", name]
+    if policy:
+        args += ["--policy", policy]
+    return [*args, "--", *upstream]
+
+
+def wrapped_value(entry: dict, name: str, options: WrapOptions) -> dict:
+    """The wrapped entry as data (what the wrapped text parses to)."""
+    out: dict[str, Any] = {}
+    for k, v in entry.items():
+        if k == "command":
+            out["command"] = options.visor_command
+            out["args"] = visor_args(name, command_line(entry), options.policy)
+        elif k != "args":
+            out[k] = v
+    out[UPSTREAM_KEY] = entry
+    return out
+
+
+def _wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
+    """The wrapped entry's text: same key order, other members copied verbatim."""
+    node = entry.member.value
+    original = text[node.start : node.end]
+    nl = _newline(text)
+    members = node.members
+    old_args = node.member("args")
+    new_args = visor_args(entry.name, command_line(entry.value), options.policy)
+    multiline = "\n" in original
+    outer = _line_indent(text, entry.member.key_start)
+    unit = _entry_unit(text, node, outer) if multiline else ""
+    inner = outer + unit
+    if multiline and members:
+        first = _line_indent(text, members[0].key_start)
+        if first.startswith(outer) and len(first) > len(outer):
+            inner, unit = first, first[len(outer) :]
+    # args keep their old layout: one line if they were on one line
+    args_multiline = multiline and (
+        old_args is None or "\n" in text[old_args.value.start : old_args.value.end]
+    )
+    args_text = _dump(new_args, unit if args_multiline else None, inner, nl)
+
+    parts: list[str] = []
+    for m in members:
+        if m.key == "command":
+            parts.append(f'"command": {json.dumps(options.visor_command, ensure_ascii=False)}')
+            if old_args is None:
+                parts.append(f'"args": {args_text}')
+        elif m.key == "args":
+            parts.append(f'"args": {args_text}')
+        else:
+            parts.append(text[m.key_start : m.value.end])
+    if not multiline:
+        parts.append(f'"{UPSTREAM_KEY}": {original}')
+        return "{" + ", ".join(parts) + "}"
+    parts.append(f'"{UPSTREAM_KEY}": {_shift(original, unit)}')
+    return "{" + nl + ("," + nl).join(inner + p for p in parts) + nl + outer + "}"
+
+
+def _unwrapped_text(text: str, entry: Entry) -> str:
+    up = entry.member.value.member(UPSTREAM_KEY)
+    assert up is not None
+    outer = _line_indent(text, entry.member.key_start)
+    inner = _line_indent(text, up.key_start)
+    same_line = "\n" not in text[entry.member.key_start : up.key_start]
+    unit = inner[len(outer) :] if inner.startswith(outer) and not same_line else ""
+    return _unshift(text[up.value.start : up.value.end], unit)
+
+
+def _splice(text: str, edits: list[tuple[int, int, str]]) -> str:
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + new + text[end:]
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a rewrite does: the new text and, per entry, what happened to it."""
+
+    text: str
+    changed: tuple[Entry, ...]
+    skipped: tuple[tuple[Entry, str], ...]
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.changed)
+
+
+def select(config: Config, names: list[str] | None) -> list[Entry]:
+    if not names:
+        return list(config.entries)
+    known = {e.name for e in config.entries}
+    missing = [n for n in names if n not in known]
+    if missing:
+        have = ", ".join(sorted(known)) or "none"
+        raise ConfigError(f"{config.path}: no server named {', '.join(map(repr, missing))} (servers: {have})")
+    return [e for e in config.entries if e.name in names]
+
+
+def plan_wrap(config: Config, names: list[str] | None, options: WrapOptions) -> Plan:
+    text = config.doc.text
+    edits: list[tuple[int, int, str]] = []
+    changed: list[Entry] = []
+    skipped: list[tuple[Entry, str]] = []
+    for e in select(config, names):
+        if e.kind == "stdio":
+            node = e.member.value
+            edits.append((node.start, node.end, _wrapped_text(text, e, options)))
+            changed.append(e)
+        elif e.kind == "wrapped":
+            skipped.append((e, "already wrapped; left alone"))
+        else:
+            skipped.append((e, e.note))
+    return Plan(_splice(text, edits), tuple(changed), tuple(skipped))
+
+
+def plan_undo(config: Config, names: list[str] | None) -> Plan:
+    text = config.doc.text
+    edits: list[tuple[int, int, str]] = []
+    changed: list[Entry] = []
+    skipped: list[tuple[Entry, str]] = []
+    for e in select(config, names):
+        up = e.member.value.member(UPSTREAM_KEY) if e.kind == "wrapped" else None
+        if up is not None and isinstance(up.value.value, dict):
+            node = e.member.value
+            edits.append((node.start, node.end, _unwrapped_text(text, e)))
+            changed.append(e)
+        elif e.kind == "wrapped":
+            skipped.append((e, e.note or f"{UPSTREAM_KEY} is not an object; restore it by hand"))
+        else:
+            skipped.append((e, "not wrapped"))
+    return Plan(_splice(text, edits), tuple(changed), tuple(skipped))
+
+
+def wrapped_run_args(entry: dict) -> tuple[list[str], list[str]] | None:
+    """``(visor run options, upstream argv)`` of a wrapped entry, split at ``--``."""
+    if not _is_visor_command(entry):
+        return None
+    args = [str(a) for a in entry["args"][1:]]
+    if "--" not in args:
+        return args, []
+    i = args.index("--")
+    return args[:i], args[i + 1 :]
+
+
+def line_of(config: Config, entry: Entry) -> int:
+    return position(config.doc.text, entry.member.key_start)[0]
+
+
+# ------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    client: str
+    path: Path
+
+
+def known_locations(home: Path, cwd: Path) -> list[Location]:
+    """Where the usual clients keep their MCP configs (user-wide, then this project)."""
+    return [
+        Location("Claude Code (user and local scope)", home / ".claude.json"),
+        Location("Claude Code (project)", cwd / ".mcp.json"),
+        Location(
+            "Claude Desktop (macOS)",
+            home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json",
+        ),
+        Location("Claude Desktop (Linux)", home / ".config" / "Claude" / "claude_desktop_config.json"),
+        Location("Cursor (user)", home / ".cursor" / "mcp.json"),
+        Location("Cursor (project)", cwd / ".cursor" / "mcp.json"),
+        Location("VS Code (workspace)", cwd / ".vscode" / "mcp.json"),
+    ]
+
+
+def home_dir() -> Path:
+    # HOME first, so that tests (and users with a redirected HOME) decide.
+    return Path(os.environ.get("HOME") or Path.home())
