@@ -94,6 +94,8 @@ _EDGE = ".:!?*#@/\\=&"
 
 
 def _clean(raw: str) -> str:
+    if raw.isascii() and "%" not in raw and "&" not in raw:
+        return raw.strip()  # nothing to normalise or decode
     s = unicodedata.normalize("NFKC", raw).translate(_INVISIBLE)
     for _ in range(3):  # nested percent-encoding, bounded
         t = unquote(s)
@@ -335,14 +337,18 @@ class OutputIndex:
         if not text:
             return
         cleaned = _clean(text)
-        for s in (text,) if cleaned == text else (text, cleaned):
-            # Whitespace-separated chunks first (a C-speed split), then the
-            # regexes only on the chunks that can hold what they look for.
-            for chunk in s.split():
-                if not chunk.isalpha():
-                    self._chunk(chunk)
-            if _HAS_DIGIT.search(s):
-                for m in _PHONE_RE.finditer(s):
+        variants = (text,) if cleaned == text.strip() else (text, cleaned)
+        # Whitespace-separated chunks first (a C-speed split, each distinct
+        # chunk once), then the regexes only on chunks that can hold a match.
+        chunks: set[str] = set()
+        for v in variants:
+            chunks.update(v.split())
+        for chunk in chunks:
+            if not chunk.isalpha():
+                self._chunk(chunk)
+        for v in variants:
+            if _HAS_DIGIT.search(v):
+                for m in _PHONE_RE.finditer(v):
                     digits = "".join(c for c in m.group(0) if c.isdigit())
                     if len(digits) >= 7:
                         self._keys.add("phone:" + digits)

@@ -42,7 +42,7 @@ class Decision:
 class _Ctx:
     """Per-call facts computed at most once and shared by the checks."""
 
-    __slots__ = ("_paths", "call", "eff", "now", "policy", "prefix", "session")
+    __slots__ = ("_paths", "call", "eff", "now", "policy", "prefix", "session", "view")
 
     def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime) -> None:
         self.policy = policy
@@ -53,6 +53,7 @@ class _Ctx:
         srv = session.server_entry
         self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
         self._paths: list[tuple[str, str, tuple[str, ...]]] | None = None
+        self.view = rules.CallView(call.arguments)
 
     @property
     def entry(self) -> ToolPolicy | None:
@@ -252,7 +253,7 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
     entry = c.eff.entry
     if entry is None or not entry.plan:
         return None
-    view = rules.CallView(c.call.arguments)
+    view = c.view
     screens = entry.screens
     for rtype, fn, group in entry.plan:
         screen = screens.get(rtype)
@@ -304,7 +305,7 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
         # a sending tool with no declared destination: every address-shaped value counts
         for k, v in args.items():
             for s in dst.iter_values(v):
-                if any(d.kind in ("email", "url") for d in dst.parse(s)):
+                if any(d.kind in ("email", "url") for d in c.view.parse(s)):
                     out.append((k, s))
     return out
 
@@ -316,7 +317,7 @@ def check_provenance(c: _Ctx) -> Decision | None:
     session, trust = c.session, c.eff.trust
     srv = session.server_entry
     denied = srv.denied_destinations if srv is not None else ()
-    parsed = [(arg, d) for arg, value in pairs for d in dst.parse(value)]
+    parsed = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
     # every deny first ...
     for arg, d in parsed:
         if denied and d.domain and any(dst.domain_within(d.domain, p) for p in denied):
@@ -439,7 +440,18 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 
 # Checks that can never fire for a policy are left out of its plan (a policy
 # with no chains skips the chain check); the order of the rest is unchanged.
+def _tools(policy: Policy) -> list[ToolPolicy]:
+    return [t for srv in policy.servers for t in srv.tools.values()]
+
+
 _SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
+    # packs carry no rules, prefixes or patterns: only policy entries can
+    check_path_rules: lambda p: (
+        not any(r.type in ("deny_path", "allow_path") for t in _tools(p) for r in t.rules)
+    ),
+    check_path_prefixes: lambda p: not any(t.allowed_path_prefixes for t in _tools(p)),
+    check_argument_rules: lambda p: not any(t.plan for t in _tools(p)),
+    check_arg_patterns: lambda p: not any(t.arg_patterns for t in _tools(p)),
     check_session_budget: lambda p: p.settings.session_max_calls is None,
     check_session_timeout: lambda p: p.settings.session_timeout_seconds is None,
     check_egress: lambda p: not p.egress_controls,

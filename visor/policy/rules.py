@@ -48,6 +48,8 @@ def named_strings(arguments: dict, names: frozenset[str]) -> list[str]:
 # ------------------------------------------------------------ shell splitting
 
 _PLAIN = re.compile(r"[^;&|\n\r`$()<>{}'\"\\]*")
+_RUN = re.compile(r"[^;&|\n\r`$()<>{}'\"\\]+")
+_DQ_RUN = re.compile(r"[^\"`$\\]+")
 _SEPARATORS = ("&&", "||", ";;", ";", "&", "|", "\n", "\r")
 
 
@@ -76,12 +78,19 @@ def split_command(cmd: str) -> list[str]:
         cur.clear()
 
     while i < n:
+        # consume a run of ordinary characters in one step
+        run = (_DQ_RUN if quote == '"' else _RUN).match(cmd, i) if quote != "'" else None
+        if run is not None:
+            cur.append(run.group())
+            i = run.end()
+            continue
         c = cmd[i]
         if quote == "'":
-            cur.append(c)
-            if c == "'":
-                quote = None
-            i += 1
+            j = cmd.find("'", i)
+            end = n if j == -1 else j + 1
+            cur.append(cmd[i:end])
+            quote = None
+            i = end
             continue
         if c == "\\" and i + 1 < n:
             cur.append(cmd[i : i + 2])
@@ -175,12 +184,27 @@ class CallView:
     """The call's arguments with the expensive splits done once per call,
     however many rules read them."""
 
-    __slots__ = ("_commands", "_queries", "args")
+    __slots__ = ("_commands", "_parsed", "_queries", "_recipients", "args")
 
     def __init__(self, args: dict) -> None:
         self.args = args
         self._commands: list[tuple[str, list[str], list[str]]] | None = None
         self._queries: list[tuple[str, list[str], list[str]]] | None = None
+        self._recipients: list[str] | None = None
+        self._parsed: dict[str, list[dst.Dest]] = {}
+
+    def parse(self, value: str) -> list[dst.Dest]:
+        """``destinations.parse``, memoised for this call (several checks read the same value)."""
+        hit = self._parsed.get(value)
+        if hit is None:
+            hit = dst.parse(value)
+            self._parsed[value] = hit
+        return hit
+
+    def recipients(self) -> list[str]:
+        if self._recipients is None:
+            self._recipients = recipient_values(self.args)
+        return self._recipients
 
     def commands(self) -> list[tuple[str, list[str], list[str]]]:
         """``(command, parts, texts a deny pattern must not match)`` per command argument."""
@@ -265,9 +289,8 @@ def recipient_values(args: dict) -> list[str]:
 
 
 def deny_recipient_domain(rule: Rule, view: CallView) -> str | None:
-    args = view.args
-    for value in recipient_values(args):
-        for d in dst.parse(value):
+    for value in view.recipients():
+        for d in view.parse(value):
             if d.domain and any(dst.domain_within(d.domain, p) for p in rule.domains):
                 return f"recipient domain {d.domain!r} is denied"
             if d.kind == "opaque" and "@" in d.value:
@@ -276,9 +299,8 @@ def deny_recipient_domain(rule: Rule, view: CallView) -> str | None:
 
 
 def allow_recipient_domain(rule: Rule, view: CallView) -> str | None:
-    args = view.args
-    for value in recipient_values(args):
-        for d in dst.parse(value):
+    for value in view.recipients():
+        for d in view.parse(value):
             if d.kind == "opaque" and ("@" in d.value or "." in d.value):
                 return f"recipient {d.value[:80]!r} cannot be parsed"
             if d.domain and not any(dst.domain_matches(d.domain, p) for p in rule.domains):
