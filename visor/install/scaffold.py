@@ -233,7 +233,7 @@ def _q_line(key: str, value: str) -> str:
 def guess_server_name(command: list[str]) -> str:
     """A name from the command: the package a launcher runs, else the program."""
     rest = list(command)
-    if rest and Path(rest[0]).name.lower() in _LAUNCHERS or (rest and _is_python(rest[0])):
+    if (rest and Path(rest[0]).name.lower() in _LAUNCHERS) or (rest and _is_python(rest[0])):
         rest = rest[1:]
         while rest and (rest[0].startswith("-") or rest[0] in _LAUNCHER_WORDS):
             rest = rest[1:]

@@ -8,6 +8,7 @@ always shut down (stdin closed, then SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -161,16 +162,12 @@ class StdioClient:
 
     def close(self, grace: float = 5.0) -> int | None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
         for stop in (None, self.proc.terminate, self.proc.kill):
             if stop is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     stop()
-                except ProcessLookupError:
-                    pass
             try:
                 return self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
