@@ -23,6 +23,7 @@ from visor.policy import destinations as dst
 from visor.policy import paths
 from visor.policy.schema import (
     RULE_TYPES,
+    AccessList,
     Action,
     ChainMatch,
     EgressControl,
@@ -247,8 +248,13 @@ _SERVER = frozenset(
         "description",
         "tools",
         "packs",
+        "resources",
+        "prompts",
+        "server_requests",
+        "hide_denied_tools",
     }
 )
+_SERVER_REQUESTS = ("sampling", "elicitation")
 _TOOL_COMMON = frozenset(
     {
         "name",
@@ -508,7 +514,41 @@ def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:
         packs=packs,
         tools=tools,
         line=node.start_mark.line + 1,
+        resources=_access_list(r, m["resources"], f"{key}.resources") if "resources" in m else None,
+        prompts=_access_list(r, m["prompts"], f"{key}.prompts") if "prompts" in m else None,
+        server_requests=_server_requests(r, m["server_requests"], f"{key}.server_requests")
+        if "server_requests" in m
+        else {},
+        hide_denied_tools=r.bool_(m["hide_denied_tools"], f"{key}.hide_denied_tools")
+        if "hide_denied_tools" in m
+        else False,
     )
+
+
+def _access_list(r: _Reader, node: Node, key: str) -> AccessList:
+    """``{allow: [globs], deny: [globs]}``; globs are matched against the whole URI or name."""
+    m = r.mapping(node, key, {"allow", "deny"}, kind="access list")
+
+    def globs(k: str) -> tuple[Glob, ...]:
+        out = []
+        for i, n in enumerate(r.list_(m[k], f"{key}.{k}")):
+            text = r.str_(n, f"{key}.{k}[{i}]")
+            try:
+                out.append(paths.compile_glob(text, resolve=False))
+            except re.error as e:
+                r.fail(n, f"{key}.{k}[{i}]", f"glob {text!r} does not compile: {e}")
+        return tuple(out)
+
+    return AccessList(
+        allow=globs("allow") if "allow" in m else None,
+        deny=globs("deny") if "deny" in m else (),
+        line=node.start_mark.line + 1,
+    )
+
+
+def _server_requests(r: _Reader, node: Node, key: str) -> dict[str, str]:
+    m = r.mapping(node, key, frozenset(_SERVER_REQUESTS), kind="server_requests")
+    return {k: r.choice(v, f"{key}.{k}", ("allow", "deny")) for k, v in m.items()}
 
 
 def _chain_match(r: _Reader, node: Node, key: str) -> ChainMatch:
@@ -701,14 +741,31 @@ def _time_restriction(r: _Reader, node: Node, key: str) -> TimeRestriction:
     )
 
 
-def _redaction_patterns(r: _Reader, node: Node, key: str) -> tuple[RedactionPattern, ...]:
+def _redaction_patterns(
+    r: _Reader, node: Node, key: str, prefix: str, disabled: frozenset[str]
+) -> tuple[RedactionPattern, ...]:
+    from visor.redact import BUILTIN_NAMES
+
     out: list[RedactionPattern] = []
+    seen: set[str] = set()
     for i, n in enumerate(r.list_(node, key)):
         pk = f"{key}[{i}]"
         m = r.mapping(n, pk, {"name", "regex", "replacement"}, ("regex",), kind="redaction pattern")
+        # mcp-visor patterns have no names; the audit log needs one to say which matched.
+        name = r.str_(m["name"], f"{pk}.name") if "name" in m else f"{prefix}-{i + 1}"
+        if name in BUILTIN_NAMES and name not in disabled:
+            r.fail(
+                m.get("name", n),
+                f"{pk}.name",
+                f"{name!r} is the name of a built-in pattern; list it under redaction.disable "
+                "to replace it, or choose another name",
+            )
+        if name in seen:
+            r.fail(m.get("name", n), f"{pk}.name", f"duplicate redaction pattern {name!r}")
+        seen.add(name)
         out.append(
             RedactionPattern(
-                name=r.str_(m["name"], f"{pk}.name") if "name" in m else f"pattern_{i}",
+                name=name,
                 regex=r.regex(m["regex"], f"{pk}.regex"),
                 replacement=r.str_(m["replacement"], f"{pk}.replacement", nonempty=False)
                 if "replacement" in m
@@ -719,27 +776,65 @@ def _redaction_patterns(r: _Reader, node: Node, key: str) -> tuple[RedactionPatt
 
 
 def _redaction(r: _Reader, node: Node) -> Redaction:
+    from visor.redact import BUILTIN_NAMES
+
     m = r.mapping(
         node,
         "redaction",
-        {"output_redaction", "sensitive_files", "patterns", "output_patterns"},
+        {"output_redaction", "sensitive_files", "patterns", "output_patterns", "builtin", "disable"},
         kind="redaction",
     )
-    return Redaction(
-        output_redaction=r.bool_(m["output_redaction"], "redaction.output_redaction")
-        if "output_redaction" in m
-        else False,
-        sensitive_files=tuple(
-            r.glob(n, f"redaction.sensitive_files[{i}]")
-            for i, n in enumerate(r.list_(m["sensitive_files"], "redaction.sensitive_files"))
+    disable = r.strs(m["disable"], "redaction.disable") if "disable" in m else ()
+    for i, d in enumerate(disable):
+        if d not in BUILTIN_NAMES:
+            r.fail(
+                m["disable"].value[i],
+                f"redaction.disable[{i}]",
+                f"no built-in pattern is named {d!r}; built-in: {', '.join(sorted(BUILTIN_NAMES))}",
+            )
+    off = frozenset(disable)
+    return _with_engine(
+        Redaction(
+            output_redaction=r.bool_(m["output_redaction"], "redaction.output_redaction")
+            if "output_redaction" in m
+            else True,
+            builtin=r.bool_(m["builtin"], "redaction.builtin") if "builtin" in m else True,
+            disable=disable,
+            sensitive_files=tuple(
+                r.glob(n, f"redaction.sensitive_files[{i}]")
+                for i, n in enumerate(r.list_(m["sensitive_files"], "redaction.sensitive_files"))
+            )
+            if "sensitive_files" in m
+            else (),
+            patterns=_redaction_patterns(r, m["patterns"], "redaction.patterns", "policy", off)
+            if "patterns" in m
+            else (),
+            output_patterns=_redaction_patterns(
+                r, m["output_patterns"], "redaction.output_patterns", "policy-output", off
+            )
+            if "output_patterns" in m
+            else (),
         )
-        if "sensitive_files" in m
-        else (),
-        patterns=_redaction_patterns(r, m["patterns"], "redaction.patterns") if "patterns" in m else (),
-        output_patterns=_redaction_patterns(r, m["output_patterns"], "redaction.output_patterns")
-        if "output_patterns" in m
-        else (),
     )
+
+
+def _with_engine(red: Redaction) -> Redaction:
+    """Compile the redaction patterns for both directions once, at load."""
+    from dataclasses import replace
+
+    from visor import redact
+
+    def pats(items: tuple[RedactionPattern, ...]) -> tuple[redact.Pattern, ...]:
+        return tuple(redact.Pattern(p.name, p.regex, p.replacement) for p in items)
+
+    engine = redact.build_redactor(
+        builtin=red.builtin,
+        disable=red.disable,
+        patterns=pats(red.patterns),
+        output_patterns=pats(red.output_patterns),
+        outputs=red.output_redaction,
+    )
+    return replace(red, engine=engine)
 
 
 def _compose(text: str, source: str) -> Node | None:
@@ -820,7 +915,7 @@ def _build(text: str, source: str, sha: str) -> Policy:
                 r.list_(m["time_restrictions"], "time_restrictions") if "time_restrictions" in m else []
             )
         ),
-        redaction=_redaction(r, m["redaction"]) if "redaction" in m else Redaction(),
+        redaction=_redaction(r, m["redaction"]) if "redaction" in m else _with_engine(Redaction()),
         packs=packs,
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Action = Literal["allow", "deny", "ask"]
 
@@ -100,6 +100,19 @@ class ToolPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessList:
+    """``resources:`` or ``prompts:`` of a server: URI or name globs.
+
+    ``allow`` None: everything not denied is allowed; a tuple (even empty):
+    only what matches it.
+    """
+
+    allow: tuple[Glob, ...] | None = None
+    deny: tuple[Glob, ...] = ()
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ServerPolicy:
     name: str
     allowed: bool
@@ -110,6 +123,11 @@ class ServerPolicy:
     packs: tuple[str, ...] | None = None  # None: automatic selection
     tools: dict[str, ToolPolicy] = field(default_factory=dict)
     line: int = 0
+    resources: AccessList | None = None
+    prompts: AccessList | None = None
+    # "sampling" / "elicitation" -> "allow" | "deny"; absent: allow
+    server_requests: dict[str, str] = field(default_factory=dict)
+    hide_denied_tools: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +213,14 @@ class RedactionPattern:
 
 @dataclass(frozen=True, slots=True)
 class Redaction:
-    output_redaction: bool = False
+    output_redaction: bool = True  # False only when the policy says so
     sensitive_files: tuple[Glob, ...] = ()
     patterns: tuple[RedactionPattern, ...] = ()
     output_patterns: tuple[RedactionPattern, ...] = ()
+    builtin: bool = True  # visor.redact.BUILTIN, minus `disable`
+    disable: tuple[str, ...] = ()
+    # visor.redact.Redactor, built by the loader (None: the built-in default).
+    engine: Any = None
 
 
 @dataclass(frozen=True, slots=True)
