@@ -90,7 +90,9 @@ class Framer:
         if start:
             del buf[:start]
         self._scan_from = len(buf)
-        if len(buf) > self._max:
+        # One more byte is held when it is a CR: a line of exactly the limit
+        # whose CRLF is split across chunks is still a line of the limit.
+        if len(buf) > self._max and (len(buf) > self._max + 1 or buf[-1] != 13):
             self._start_discard(len(buf))
         return events
 
@@ -109,7 +111,7 @@ class Framer:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for an incomplete line (bounded by the limit)."""
+        """Bytes held for an incomplete line (at most the limit, plus one CR)."""
         return len(self._buf)
 
     def _emit(self, events: list[FrameEvent], line: bytes) -> None:
@@ -121,7 +123,7 @@ class Framer:
             events.append(line)
 
     def _hold(self, events: list[FrameEvent], rest: bytes) -> None:
-        if len(rest) > self._max:
+        if len(rest) > self._max and (len(rest) > self._max + 1 or rest[-1] != 13):
             self._start_discard(len(rest))
             return
         self._buf = bytearray(rest)

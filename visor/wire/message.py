@@ -248,7 +248,7 @@ def _top_level_pairs(line: bytes) -> list[tuple[str, Any]]:
 
     try:
         top = json.loads(line, object_pairs_hook=hook)
-    except ValueError:
+    except (ValueError, RecursionError):
         return pairs
     if isinstance(top, list):
         pairs = [p for p in top if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)]
@@ -275,20 +275,25 @@ def duplicate_key_problem(obj: Any, line: bytes, fold_case: bool = True) -> str 
         return _duplicate_key_problem_exact(line, fold_case)
     if len(line) <= _SMALL_LINE and line.isascii():
         colons = line.count(b":")
-        if fold_case:
-            # ASCII keys that differ only in case are duplicates once the line
-            # is lowered, and lowering never changes whether ASCII JSON is
-            # valid: one check covers both kinds of duplicate.
-            lowered = line.lower()
-            folded = obj if lowered == line else orjson.loads(lowered)
-            if orjson.dumps(folded).count(b":") == colons:
-                return None
+        try:
+            if fold_case:
+                # ASCII keys that differ only in case are duplicates once the line
+                # is lowered, and lowering never changes whether ASCII JSON is
+                # valid: one check covers both kinds of duplicate.
+                lowered = line.lower()
+                folded = obj if lowered == line else orjson.loads(lowered)
+                if orjson.dumps(folded).count(b":") == colons:
+                    return None
+                if orjson.dumps(obj).count(b":") != colons:
+                    return "duplicate keys"
+                return "duplicate keys (equal after case folding)"
             if orjson.dumps(obj).count(b":") != colons:
                 return "duplicate keys"
-            return "duplicate keys (equal after case folding)"
-        if orjson.dumps(obj).count(b":") != colons:
-            return "duplicate keys"
-        return None
+            return None
+        except orjson.JSONEncodeError:
+            # orjson reads 1024 levels of nesting but writes only 254: a
+            # deeper line is checked by the walk, which has no depth limit.
+            pass
     return _duplicate_key_problem_walk(obj, line, fold_case)
 
 
@@ -345,6 +350,10 @@ def _duplicate_key_problem_exact(line: bytes, fold_case: bool) -> str | None:
         json.loads(line, object_pairs_hook=hook)
     except _Duplicate:
         return "duplicate keys"
+    except RecursionError:
+        # orjson reads 1024 levels; the standard library stops near the
+        # interpreter's recursion limit. Unchecked is not accepted.
+        return "nested too deeply to check for duplicate keys"
     except ValueError:
         # orjson accepted what the standard library refuses: the two parsers
         # disagree, which is reason enough to refuse the message.
