@@ -88,6 +88,8 @@ class _Parser:
 
     def fail(self, message: str, offset: int | None = None) -> JsoncError:
         at = self.pos if offset is None else offset
+        if at >= len(self.text) and not message.startswith("unexpected end"):
+            message = f"unexpected end of file ({message})"
         line, column = position(self.text, at)
         return JsoncError(message, line, column, at)
 
@@ -184,11 +186,12 @@ class _Parser:
         if self.peek() == "}":
             self.pos += 1
             return Node(start, self.pos, {}, ())
+        comma = 0
         while True:
             self.skip()
             if self.peek() != '"':
                 if self.peek() == "}" and members:
-                    self.note("trailing comma", self.pos)
+                    self.note("trailing comma", comma)
                     self.pos += 1
                     break
                 raise self.fail("expected a string key in double quotes")
@@ -205,6 +208,7 @@ class _Parser:
             self.skip()
             c = self.peek()
             if c == ",":
+                comma = self.pos
                 self.pos += 1
                 continue
             if c == "}":
@@ -221,16 +225,18 @@ class _Parser:
         if self.peek() == "]":
             self.pos += 1
             return Node(start, self.pos, [])
+        comma = 0
         while True:
             self.skip()
             if self.peek() == "]" and items:
-                self.note("trailing comma", self.pos)
+                self.note("trailing comma", comma)
                 self.pos += 1
                 break
             items.append(self.value(depth + 1).value)
             self.skip()
             c = self.peek()
             if c == ",":
+                comma = self.pos
                 self.pos += 1
                 continue
             if c == "]":
