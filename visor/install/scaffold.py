@@ -66,7 +66,23 @@ _WRITER_WORDS = frozenset(
 _LAUNCHERS = frozenset(
     {"npx", "uvx", "pipx", "bunx", "pnpm", "yarn", "node", "bun", "deno", "uv", "docker", "podman"}
 )
-_LAUNCHER_WORDS = frozenset({"run", "exec", "dlx", "tool", "x", "-m", "--from"})
+_LAUNCHER_WORDS = frozenset({"run", "exec", "dlx", "tool", "x", "-m"})
+# launcher options that take a value: `uvx --from git+https://... NAME`
+_VALUE_OPTIONS = frozenset(
+    {
+        "--from",
+        "--with",
+        "--python",
+        "-p",
+        "--package",
+        "--index-url",
+        "-e",
+        "--env",
+        "-v",
+        "--volume",
+        "--name",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +252,7 @@ def guess_server_name(command: list[str]) -> str:
     if (rest and Path(rest[0]).name.lower() in _LAUNCHERS) or (rest and _is_python(rest[0])):
         rest = rest[1:]
         while rest and (rest[0].startswith("-") or rest[0] in _LAUNCHER_WORDS):
-            rest = rest[1:]
+            rest = rest[2:] if rest[0] in _VALUE_OPTIONS else rest[1:]
     base = rest[0] if rest else command[0] if command else "server"
     base = base.rstrip("/").rsplit("/", 1)[-1]
     if "@" in base[1:]:

@@ -1,0 +1,173 @@
+"""`visor doctor` on a good installation and on broken ones, with real servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tests.install.helpers import SDK_SERVER, VISOR_EXE, venv_tool, visor
+
+
+def write_config(path: Path, servers: dict) -> Path:
+    path.write_text(json.dumps({"mcpServers": servers}, indent=2) + "\n")
+    return path
+
+
+def lines(out: str, level: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith(level + " ")]
+
+
+def test_good_setup(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / ".mcp.json",
+        {
+            "sdk": {"command": sys.executable, "args": [str(SDK_SERVER)], "env": {"SDK_TEST": "1"}},
+            "time": {
+                "command": venv_tool("mcp-server-time"),
+                "args": ["--local-timezone", "UTC"],
+                "cwd": str(tmp_path),
+            },
+        },
+    )
+    policy = tmp_path / "time.yaml"
+    scaffolded = visor(
+        "policy", "scaffold", "--server-name", "time", "-o", str(policy), "--", venv_tool("mcp-server-time")
+    )
+    assert scaffolded.returncode == 0, scaffolded.stderr
+    for args in (["--server", "sdk"], ["--server", "time", "--policy", str(policy)]):
+        wrapped = visor("init", "--config", str(config), "--absolute", "--yes", *args)
+        assert wrapped.returncode == 0, wrapped.stderr
+
+    result = visor("doctor", "--config", str(config), env={"HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert not lines(out, "FAIL"), out
+    assert f"OK   .mcp.json:sdk: wrapped; runs {VISOR_EXE}" in out
+    assert "OK   .mcp.json:sdk: starts through Visor; tools/list answered" in out
+    assert "from visor-test-server" in out
+    assert "OK   .mcp.json:time: starts through Visor; tools/list answered 2 tool(s) from mcp-time" in out
+    assert f"OK   .mcp.json:time: policy {policy} loads" in out
+    assert "OK   .mcp.json:sdk: policy: the embedded default" in out
+    assert any("no approval channel" in ln for ln in lines(out, "WARN"))
+    assert "0 failure(s)" in out
+    # the user's audit logs were not written: doctor used a throwaway one
+    audit = Path(os.environ["VISOR_HOME"]) / "audit"
+    assert not audit.exists() or not any(audit.iterdir())
+
+
+def test_unwrapped_remote_and_approval_dir(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "mcp.json",
+        {
+            "plain": {"command": venv_tool("mcp-server-time")},
+            "remote": {"type": "http", "url": "https://example.com/mcp"},
+            "approved": {
+                "command": str(VISOR_EXE),
+                "args": [
+                    "run",
+                    "--server-name",
+                    "approved",
+                    "--approval-dir",
+                    str(tmp_path / "approvals"),
+                    "--",
+                    venv_tool("mcp-server-time"),
+                ],
+                "x-visor-upstream": {"command": venv_tool("mcp-server-time")},
+            },
+        },
+    )
+    result = visor("doctor", "--config", str(config), "--no-start")
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert (
+        f"WARN mcp.json:plain: not wrapped: its tool calls bypass Visor -- fix: visor init --config {config} --server plain"
+        in out
+    )
+    assert "WARN mcp.json:remote: remote server (https://example.com/mcp): not covered" in out
+    assert f"OK   mcp.json:approved: approvals through files in {tmp_path / 'approvals'}" in out
+    assert "starts through Visor" not in out  # --no-start
+
+
+def test_broken_setup(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')
+    config = write_config(
+        tmp_path / ".mcp.json",
+        {
+            "ghost": {"command": str(tmp_path / "no-such-server"), "args": ["--flag"]},
+            "time": {"command": venv_tool("mcp-server-time")},
+            "elsewhere": {"command": venv_tool("mcp-server-time")},
+        },
+    )
+    for server in ("ghost", "time", "elsewhere"):
+        wrapped = visor(
+            "init",
+            "--config",
+            str(config),
+            "--absolute",
+            "--yes",
+            "--server",
+            server,
+            "--policy",
+            str(policy),
+        )
+        assert wrapped.returncode == 0, wrapped.stderr
+    # then the policy is broken by hand
+    policy.write_text(
+        'version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: maybe\n'
+    )
+
+    result = visor("doctor", "--config", str(config), "--timeout", "20")
+    assert result.returncode == 1
+    out = result.stdout
+    fails = lines(out, "FAIL")
+    ghost = [ln for ln in fails if ln.startswith("FAIL .mcp.json:ghost:")]
+    assert any(
+        f"the server command '{tmp_path / 'no-such-server'}' is not found -- fix: install it" in ln
+        for ln in ghost
+    ), out
+    assert any(
+        "policy does not load" in ln and "allowed" in ln and f"fix: visor lint {policy}" in ln for ln in fails
+    )
+    assert any(
+        ln.startswith("FAIL .mcp.json:time: not started: fix the problems above first") for ln in fails
+    )
+
+    # a policy that loads but has no entry for this server name: every call denied
+    policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')
+    again = visor("doctor", "--config", str(config), "--timeout", "20")
+    assert again.returncode == 1
+    assert any(
+        "has no server entry 'elsewhere'" in ln and "every call is denied" in ln
+        for ln in lines(again.stdout, "FAIL")
+    ), again.stdout
+    assert "OK   .mcp.json:time: starts through Visor" in again.stdout
+    ghost_start = [
+        ln for ln in lines(again.stdout, "FAIL") if ln.startswith("FAIL .mcp.json:ghost: does not start")
+    ]
+    assert ghost_start and "server_spawn_failed" in ghost_start[0]
+
+
+def test_broken_config_and_bad_audit_log(tmp_path: Path) -> None:
+    config = tmp_path / ".mcp.json"
+    config.write_text('{"mcpServers": {"a": {"command": "x"},}}')
+    home = Path(os.environ["VISOR_HOME"])
+    (home / "audit").mkdir(parents=True)
+    (home / "audit" / "old.jsonl").write_text('{"not": "a record"}\n')
+    result = visor("doctor", "--config", str(config))
+    assert result.returncode == 1
+    out = result.stdout
+    assert f"FAIL {config}: 1:38: trailing comma in a strict JSON file" in out
+    assert any(
+        ln.startswith("FAIL audit: audit log does not verify:") and "old.jsonl:1" in ln
+        for ln in lines(out, "FAIL")
+    )
+    assert config.read_text() == '{"mcpServers": {"a": {"command": "x"},}}'
+
+
+def test_no_configs_found(tmp_path: Path) -> None:
+    result = visor("doctor", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert result.returncode == 0
+    assert "WARN configs: no MCP client config found in the usual places" in result.stdout
