@@ -12,6 +12,7 @@ untrusted output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,18 @@ from visor.wire import errors
 from visor.wire.message import Message, Rejected
 
 if TYPE_CHECKING:
+    from visor.approval.broker import ApprovalBroker, ClientLink
+    from visor.approval.model import ApprovalAnswer
     from visor.audit.writer import AuditWriter
     from visor.policy.evaluate import Decision, ToolCall
     from visor.policy.schema import Policy
     from visor.session import SessionEvent, SessionState
 
 log = get_logger("visor.gate")
+
+# A call with several questions (two unknown recipients) is asked about each in
+# turn; past this many rounds it is denied rather than asked forever.
+_MAX_APPROVAL_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,19 @@ class Gate:
     def on_tools_list(self, response: Message) -> bytes | None:
         return None
 
+    def on_client_request(self, msg: Message) -> bytes | None:
+        """A resources/read, resources/subscribe or prompts/get: None forwards it unchanged;
+        bytes starting with b"S" are the rewritten request for the server; other bytes answer the client."""
+        return None
+
+    def on_response(self, method: str, response: Message) -> bytes | None:
+        """A resources/read or prompts/get result: replacement bytes or None."""
+        return None
+
+    def on_server_request(self, msg: Message) -> bytes | None:
+        """A request from the server: an error line to send back to it (refused), or None (relay it)."""
+        return None
+
     def on_server_info(self, info: dict[str, Any]) -> None:
         """The server said who it is (initialize or server/discover)."""
 
@@ -86,6 +106,9 @@ class Gate:
     def cancel(self, request_id: Any) -> bool:
         """The client cancelled a call that has not been forwarded; True if one was waiting."""
         return False
+
+    def attach_client(self, link: ClientLink) -> None:
+        """The relay's channel for Visor's own requests to the client (elicitation, progress)."""
 
     async def close(self) -> None:
         """The session is over."""
@@ -107,12 +130,23 @@ class PolicyGate(Gate):
         server_name: str,
         argv: list[str],
         pin_saver: Any = None,
+        approvals: ApprovalBroker | None = None,
     ) -> None:
         self.policy = policy
         self.session = session
         self.audit = audit
         self.server = server_name
         self._pin_saver = pin_saver
+        from visor.gating import DataGuard
+
+        # Redaction, resource/prompt/server-request gating, output limits.
+        self.guard = DataGuard(policy, server_name, self._append)
+        self.approvals = approvals
+        # request id -> the task waiting for a human on that call
+        self._waiting: dict[Any, asyncio.Task[None]] = {}
+        # (rule, arguments digest): approval_required answers remembered for the exact call
+        self._exact_approvals: set[tuple[str, str]] = set()
+        self._closing = False
         # request id -> (seq of the allow record, monotonic start) for `result` events
         self._inflight: dict[Any, tuple[int, float]] = {}
         self._append(
@@ -138,25 +172,31 @@ class PolicyGate(Gate):
             decision = Decision(
                 "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
             )
+        # The policy saw the original arguments; from here on (audit, server) only redacted ones.
+        msg = self.guard.redact_call(msg)
         if decision.action == "allow":
             return self._allow(msg, call, decision, ctx)
         if decision.action == "ask":
-            self._record(msg, "ask", decision)
-            decision = Decision(
-                "deny",
-                "approval.unavailable",
-                f"this call needs a human's approval ({decision.reason}) and Visor has no approval channel "
-                "configured, so it is denied",
-                decision.destination,
-                decision.argument,
-            )
+            return self._ask(msg, call, decision, ctx)
+        return self._deny(msg, decision, ctx)
+
+    def _deny(self, msg: Message, decision: Decision, ctx: CallContext) -> Answer:
         self._record(msg, "deny", decision)
         return Answer(errors.tool_error_result(msg.id, denial_text(decision), modern=ctx.modern))
 
-    def _allow(self, msg: Message, call: ToolCall, decision: Decision, ctx: CallContext) -> Verdict:
+    def _allow(
+        self,
+        msg: Message,
+        call: ToolCall,
+        decision: Decision,
+        ctx: CallContext,
+        extra: dict[str, Any] | None = None,
+    ) -> Verdict:
         from visor.audit.writer import AuditUnhealthy
 
         event = self._event(msg, "allow", decision)
+        if extra:
+            event.update(extra)
         try:
             commit = self.audit.submit(event)
         except AuditUnhealthy as exc:
@@ -188,6 +228,233 @@ class PolicyGate(Gate):
         )
         return Answer(errors.tool_error_result(msg.id, text, modern=ctx.modern))
 
+    # ------------------------------------------------------------- approvals
+    def _ask(self, msg: Message, call: ToolCall, decision: Decision, ctx: CallContext) -> Verdict:
+        from visor.approval.model import arguments_digest, remember_scope
+        from visor.policy.evaluate import Decision
+
+        self._record(msg, "ask", decision)
+        scope = remember_scope(decision.rule, decision.argument, decision.destination)
+        if (
+            scope == "exact"
+            and (decision.rule, arguments_digest(call.tool, call.arguments)) in self._exact_approvals
+        ):
+            # The same tool with the same arguments was approved earlier in
+            # this session with "remember": nothing else about it can differ.
+            event = self._event(msg, "approve", decision)
+            event.update(channel="session", remembered=True)
+            self._append(event)
+            allow = Decision(
+                "allow",
+                decision.rule,
+                f"approved earlier in this session: {decision.reason}",
+                decision.destination,
+                decision.argument,
+            )
+            return self._allow(msg, call, allow, ctx, {"approval": "remembered"})
+        broker = self.approvals
+        if broker is None or not broker.channels_for(ctx):
+            return self._deny(msg, self._no_approval(decision, "unavailable"), ctx)
+        verdict: asyncio.Future[Forward | Answer | Drop] = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(self._wait(msg, call, decision, ctx, verdict))
+        self._waiting[msg.id] = task
+
+        def finished(t: asyncio.Task[None]) -> None:
+            if self._waiting.get(msg.id) is t:
+                del self._waiting[msg.id]
+            if verdict.done():
+                return
+            if t.cancelled():
+                verdict.set_result(Drop())
+                return
+            if t.exception() is None:
+                return  # an allow whose commit is still on its way settles the verdict
+            log.error("approval_failed", error=repr(t.exception()), tool=msg.tool)
+            failed = Decision("deny", "internal.error", "the approval step failed")
+            verdict.set_result(self._deny(msg, failed, ctx))
+
+        task.add_done_callback(finished)
+        # Unordered: later messages from the client do not wait behind a human.
+        return Deferred(verdict, ordered=False)
+
+    def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
+        from visor.policy.evaluate import Decision
+
+        broker = self.approvals
+        if failure == "timeout" and broker is not None:
+            rule = "approval.timeout"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and no answer came within "
+                f"{broker.timeout:g} seconds (settings.approval_timeout_seconds), so it is denied"
+            )
+        elif failure == "failed":
+            rule = "approval.failed"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and no approval channel could "
+                "ask (the client's elicitation failed or the approval directory is unwritable), so it is denied"
+            )
+        else:
+            rule = "approval.unavailable"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and Visor has no approval channel "
+                "for it, so it is denied; to be asked, run visor with --approval-dir DIR (answer with "
+                "`visor approve`) or --approval-tty, or use a client that supports MCP elicitation"
+            )
+        return Decision("deny", rule, text, decision.destination, decision.argument)
+
+    async def _wait(
+        self,
+        msg: Message,
+        call: ToolCall,
+        decision: Decision,
+        ctx: CallContext,
+        verdict: asyncio.Future[Forward | Answer | Drop],
+    ) -> None:
+        from visor.approval.model import make_request
+        from visor.policy.evaluate import Decision
+
+        broker = self.approvals
+        assert broker is not None
+        approved: list[Decision] = []
+        ids: list[str] = []
+        current = decision
+        try:
+            for _ in range(_MAX_APPROVAL_ROUNDS):
+                req = make_request(
+                    server=self.server,
+                    tool=call.tool,
+                    arguments=call.arguments,
+                    request_id=msg.id,
+                    session=self.audit.session,
+                    rule=current.rule,
+                    reason=current.reason,
+                    destination=current.destination,
+                    argument=current.argument,
+                    now=time.time(),
+                    timeout=broker.timeout,
+                )
+                outcome = await broker.ask(req, ctx)
+                answer = outcome.answer
+                if answer is None:
+                    verdict.set_result(self._deny(msg, self._no_approval(current, outcome.failure), ctx))
+                    return
+                self._record_answer(msg, current, answer, req.id, req.call_hash)
+                if not answer.approved:
+                    declined = Decision(
+                        "deny",
+                        "approval.declined",
+                        f"a human declined it ({current.reason})",
+                        current.destination,
+                        current.argument,
+                    )
+                    verdict.set_result(self._deny(msg, declined, ctx))
+                    return
+                approved.append(current)
+                ids.append(req.id)
+                if answer.remember:
+                    self._remember(call, current)
+                # Re-check at the moment of the allow: budgets, taints and
+                # pins may have moved while a human was deciding.
+                nxt = self._reevaluate(call, approved)
+                if nxt.action == "deny":
+                    verdict.set_result(self._deny(msg, nxt, ctx))
+                    return
+                if nxt.action == "allow":
+                    allowed = self._allow(msg, call, nxt, ctx, {"approval": ids[0] if len(ids) == 1 else ids})
+                    self._settle(verdict, allowed)
+                    return
+                self._record(msg, "ask", nxt)
+                current = nxt
+            too_many = Decision("deny", "approval.rounds", "this call raised too many questions for approval")
+            verdict.set_result(self._deny(msg, too_many, ctx))
+        except asyncio.CancelledError:
+            reason = (
+                "the session ended while the call waited for approval"
+                if self._closing
+                else "the client cancelled the call while it waited for approval"
+            )
+            self._record(
+                msg,
+                "deny",
+                Decision("deny", "approval.cancelled", reason, current.destination, current.argument),
+            )
+            if not verdict.done():
+                verdict.set_result(Drop())
+            raise
+
+    @staticmethod
+    def _settle(verdict: asyncio.Future[Forward | Answer | Drop], allowed: Verdict) -> None:
+        if type(allowed) is Deferred:
+            allowed.future.add_done_callback(lambda f: verdict.done() or verdict.set_result(f.result()))
+        elif not verdict.done():
+            verdict.set_result(allowed)  # type: ignore[arg-type]
+
+    def _reevaluate(self, call: ToolCall, approved: list[Decision]) -> Decision:
+        """Evaluate again with this call's approvals in force; a question already answered yes passes."""
+        from visor.policy.evaluate import Decision, evaluate
+
+        # Destination approvals for this call are lent to the session for one
+        # synchronous evaluation (nothing else runs meanwhile) and taken back
+        # unless the human asked to remember them.
+        lent: list[tuple[str, str, str]] = []
+        for d in approved:
+            if d.destination is not None and d.argument is not None:
+                key = (call.tool, d.argument, d.destination)
+                if key not in self.session.approvals:
+                    self.session.approvals.add(key)
+                    lent.append(key)
+        try:
+            nxt = evaluate(self.policy, self.session, call)
+        except Exception as exc:  # a bug must never turn into an allow
+            log.exception("evaluate_failed", tool=call.tool)
+            return Decision("deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})")
+        finally:
+            for key in lent:
+                self.session.approvals.discard(key)
+        if nxt.action == "ask" and any(
+            (nxt.rule, nxt.argument, nxt.destination) == (d.rule, d.argument, d.destination) for d in approved
+        ):
+            return Decision(
+                "allow", nxt.rule, f"approved by a human: {nxt.reason}", nxt.destination, nxt.argument
+            )
+        if nxt.action == "allow":
+            first = approved[0]
+            return Decision(
+                "allow", first.rule, f"approved by a human: {first.reason}", first.destination, first.argument
+            )
+        return nxt
+
+    def _remember(self, call: ToolCall, decision: Decision) -> None:
+        from visor.approval.model import arguments_digest, remember_scope
+
+        scope = remember_scope(decision.rule, decision.argument, decision.destination)
+        if scope == "destination":
+            self.session.remember_approval(call, decision)
+        elif scope == "exact":
+            self._exact_approvals.add((decision.rule, arguments_digest(call.tool, call.arguments)))
+
+    def _record_answer(
+        self, msg: Message, decision: Decision, answer: ApprovalAnswer, approval_id: str, hash_: str
+    ) -> None:
+        event = self._event(msg, "approve" if answer.approved else "decline", decision)
+        event.update(channel=answer.channel, approval=approval_id, call_hash=hash_, remember=answer.remember)
+        if answer.who is not None:
+            event["who"] = answer.who
+        if answer.detail is not None:
+            event["detail"] = answer.detail
+        self._append(event)
+
+    def cancel(self, request_id: Any) -> bool:
+        task = self._waiting.pop(request_id, None)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    def attach_client(self, link: ClientLink) -> None:
+        if self.approvals is not None:
+            self.approvals.link = link
+
     # ------------------------------------------------------------ observing
     def on_tool_result(self, request: Message | None, tool: str | None, response: Message) -> bytes | None:
         obj = response.obj
@@ -213,7 +480,8 @@ class PolicyGate(Gate):
             event["allow_seq"] = allow_seq
             event["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
         self._append(event)
-        return None
+        # Observed above as the server sent it; the client gets it redacted and within limits.
+        return self.guard.tool_result(tool, response)
 
     def on_tools_list(self, response: Message) -> bytes | None:
         result = response.obj.get("result")
@@ -224,7 +492,18 @@ class PolicyGate(Gate):
             self._session_event(ev)
         if events and self._pin_saver is not None:
             self._pin_saver(self.session.export_pins())
-        return None
+        # Pins and output schemas come from the full list; hiding happens after.
+        self.guard.observe_tools_list(result)
+        return self.guard.hide_tools(self.session, response)
+
+    def on_client_request(self, msg: Message) -> bytes | None:
+        return self.guard.client_request(msg)
+
+    def on_response(self, method: str, response: Message) -> bytes | None:
+        return self.guard.response(method, response)
+
+    def on_server_request(self, msg: Message) -> bytes | None:
+        return self.guard.server_request(msg)
 
     def on_server_info(self, info: dict[str, Any]) -> None:
         for ev in self.session.observe_server_info(info):
@@ -248,6 +527,15 @@ class PolicyGate(Gate):
         self._append(event)
 
     async def close(self) -> None:
+        # Calls still waiting for a human are withdrawn (their pending files
+        # deleted) and recorded before the session ends.
+        self._closing = True
+        waiting = list(self._waiting.values())
+        for task in waiting:
+            task.cancel()
+        for task in waiting:
+            with contextlib.suppress(BaseException):
+                await task
         self._append({"event": "session_end", "server": self.server})
         await self.audit.close()
         stats = self.audit.stats

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -70,6 +71,8 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
     except OSError as exc:
         raise StartupError(f"cannot read the policy {args.policy}: {exc.strerror or exc}") from exc
 
+    # Before the audit log opens: a refused option must not leave its writer running.
+    approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)
     session = SessionState(policy, args.server_name)
     pin_saver = None
     if args.pin_file:
@@ -100,7 +103,30 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         server_name=args.server_name,
         argv=command,
         pin_saver=pin_saver,
+        approvals=approvals,
     )
+
+
+def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
+    """The approval channels the options ask for; elicitation joins per call when the client offers it."""
+    from visor.approval.broker import ApprovalBroker, Channel
+    from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
+    from visor.approval.tty import TtyChannel, TtyError, probe
+
+    channels: list[Channel] = []
+    approval_dir = getattr(args, "approval_dir", None)
+    if approval_dir:
+        try:
+            channels.append(DirectoryChannel(prepare(Path(approval_dir))))
+        except DirectoryError as exc:
+            raise StartupError(f"approval directory refused: {exc}") from exc
+    if getattr(args, "approval_tty", False):
+        try:
+            probe()
+        except TtyError as exc:
+            raise StartupError(str(exc)) from exc
+        channels.append(TtyChannel())
+    return ApprovalBroker(channels=channels, timeout=float(timeout))
 
 
 def run_command(args: argparse.Namespace, command: list[str]) -> int:

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+from visor.approval.model import VISOR_ID_PREFIX, is_visor_rpc_id, new_rpc_id
 from visor.gate import Answer, CallContext, Deferred, Drop, Forward, Gate
 from visor.logs import get_logger
 from visor.relay import upstream as upstream_mod
@@ -37,6 +40,10 @@ _READ_CHUNK = 256 * 1024
 _MODERN_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _MODERN_CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
 _SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+# Methods beyond tools/call that the gate sees (visor/gating.py).
+_GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
+_REDACTED_RESULTS = frozenset(("resources/read", "prompts/get"))
+_GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +233,43 @@ def _grow_pipe(fd: int) -> None:
             fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
 
 
+class _ClientLink:
+    """Visor's own messages to the client: elicitation requests, progress, cancellation.
+
+    Request ids carry VISOR_ID_PREFIX and a random suffix; the relay refuses
+    server requests with that prefix, so a response to one of Visor's ids is
+    Visor's and is consumed here, never forwarded to the server.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[str, asyncio.Future[dict[str, Any]]]:
+        relay = self._relay
+        rpc_id = new_rpc_id()
+        fut: asyncio.Future[dict[str, Any]] = relay._loop.create_future()
+        if relay._client_closed:
+            fut.set_result({"error": {"code": errors.INTERNAL_ERROR, "message": "the client is gone"}})
+            return rpc_id, fut
+        relay._visor_requests[rpc_id] = fut
+        relay.to_client.write(
+            orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+        )
+        return rpc_id, fut
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        if not self._relay._client_closed:
+            self._relay.to_client.write(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params}))
+
+    def forget(self, rpc_id: str) -> None:
+        self._relay._visor_requests.pop(rpc_id, None)
+
+    def client_name(self) -> str | None:
+        info = self._relay.state.client_info
+        name = info.get("name") if info else None
+        return name if type(name) is str else None
+
+
 class Relay:
     """One `visor run` session between a client's pipes and a server's."""
 
@@ -240,6 +284,8 @@ class Relay:
         self._server_closed = False
         self._stopping = False
         self._pause_reasons: set[str] = set()
+        # Visor's own requests to the client (approvals), by id.
+        self._visor_requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ setup
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
@@ -249,6 +295,7 @@ class Relay:
         self._upstream = await upstream_mod.spawn(self.argv)
         try:
             await self._connect(loop, client_in_fd, client_out_fd)
+            self.gate.attach_client(_ClientLink(self))
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal, sig)
             returncode = await self._lifecycle()
@@ -425,8 +472,16 @@ class Relay:
             return
         if method == "initialize":
             self._note_initialize(msg)
+        line = msg.raw
+        if method in _GATED_CLIENT_METHODS:
+            verdict = self.gate.on_client_request(msg)
+            if verdict is not None:
+                if not verdict.startswith(b"S"):
+                    self.to_client.write(verdict)  # denied: the server never sees it
+                    return
+                line = verdict[1:]
         pending[msg.id] = PendingRequest(method, None, None, time.perf_counter(), True)
-        self.to_server.write(msg.raw)
+        self.to_server.write(line)
 
     def _client_tool_call(self, msg: Message) -> None:
         ctx = self._call_context(msg)
@@ -515,6 +570,15 @@ class Relay:
         self.to_server.write(msg.raw)
 
     def _client_response(self, msg: Message) -> None:
+        if is_visor_rpc_id(msg.id):
+            # An answer to Visor's own request (an approval): consumed here.
+            fut = self._visor_requests.pop(msg.id, None)
+            if fut is None:
+                log.warning("client_response_unmatched", id=repr(msg.id))
+                self.on_reject("client", "response to no request Visor sent", None)
+            elif not fut.done():
+                fut.set_result(msg.obj)
+            return
         method = self.state.server_pending.pop(msg.id, None)
         if method is None:
             log.warning("client_response_unmatched", id=repr(msg.id))
@@ -590,16 +654,39 @@ class Relay:
         if kind is Kind.RESPONSE:
             self._server_response(msg)
         elif kind is Kind.REQUEST:
+            if is_visor_rpc_id(msg.id):
+                # Visor's own requests to the client use this prefix; a server
+                # request with it could collide with an approval, so it is refused.
+                log.warning("server_request_reserved_id", id=repr(msg.id))
+                self.on_reject("server", f"request id uses the reserved prefix {VISOR_ID_PREFIX!r}", None)
+                self.to_server.write(
+                    errors.error_response(
+                        msg.id,
+                        errors.INVALID_REQUEST,
+                        f"request ids starting with {VISOR_ID_PREFIX!r} are reserved",
+                    )
+                )
+                return
             pending = self.state.server_pending
             if msg.id in pending:
                 log.warning("server_request_duplicate_id", id=repr(msg.id))
                 return
+            if msg.method in _GATED_SERVER_METHODS:
+                refusal = self.gate.on_server_request(msg)
+                if refusal is not None:
+                    self.to_server.write(refusal)  # the client never sees a refused request
+                    return
             pending[msg.id] = msg.method  # type: ignore[assignment]
             self.to_client.write(msg.raw)
         else:
             if msg.method == "notifications/cancelled":
                 params = msg.obj.get("params") or {}
-                self.state.server_pending.pop(params.get("requestId", _MISSING), None)
+                target = params.get("requestId", _MISSING)
+                if is_visor_rpc_id(target):
+                    # Only Visor may withdraw its own approval requests.
+                    log.warning("server_cancel_reserved_id", id=repr(target))
+                    return
+                self.state.server_pending.pop(target, None)
             self.to_client.write(msg.raw)
 
     def _server_response(self, msg: Message) -> None:
@@ -615,6 +702,8 @@ class Relay:
             replacement = self.gate.on_tool_result(entry.msg, entry.tool, msg)
         elif entry.method == "tools/list":
             replacement = self.gate.on_tools_list(msg)
+        elif entry.method in _REDACTED_RESULTS:
+            replacement = self.gate.on_response(entry.method, msg)
         elif entry.method == "initialize":
             result = msg.obj.get("result")
             if type(result) is dict:
