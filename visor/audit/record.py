@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -88,10 +89,21 @@ class Encoded:
     line: bytes
 
 
+_second_cache: tuple[int, str] = (-1, "")
+
+
 def utc_timestamp(now: datetime | None = None) -> str:
     """RFC 3339 UTC with microseconds and a literal Z (fixed width, sorts as text)."""
-    now = now or datetime.now(UTC)
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if now is not None:
+        return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Every record needs one; formatting the date part once per second keeps
+    # this off the per-call profile.
+    global _second_cache
+    ns = time.time_ns()
+    second, micros = divmod(ns // 1000, 1_000_000)
+    if _second_cache[0] != second:
+        _second_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second_cache[1]}.{micros:06d}Z"
 
 
 def canonical_body(fields: dict[str, Any]) -> bytes:

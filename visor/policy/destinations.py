@@ -325,10 +325,16 @@ class OutputIndex:
     false hit costs a deny, while a miss only turns a deny into an ask.
     """
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_keys", "_seen_short")
+
+    # Short strings recur in every result (field names, "text", status words):
+    # extracting from one again adds nothing, so they are remembered and skipped.
+    _SHORT = 128
+    _SHORT_CAP = 65_536
 
     def __init__(self) -> None:
         self._keys: set[str] = set()
+        self._seen_short: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._keys)
