@@ -160,6 +160,12 @@ def test_policy_is_absolute_and_must_load(tmp_path: Path) -> None:
     assert good.returncode == 0, good.stderr
     args = json.loads(path.read_text())["mcpServers"]["filesystem"]["args"]
     assert args[args.index("--policy") + 1] == str(tmp_path / "good.yaml")
+    assert "no server entry 'filesystem'" not in good.stderr
+
+    path.write_text(CLAUDE_DESKTOP)
+    other = visor("init", "--config", ".mcp.json", "--policy", "good.yaml", "--dry-run", cwd=tmp_path)
+    assert "the policy has no server entry 'time'" in other.stderr
+    assert "every call to it would be denied" in other.stderr
 
 
 def test_absolute_writes_the_visor_executable(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from visor.install.configs import (
     Config,
@@ -22,6 +23,9 @@ from visor.install.configs import (
     plan_undo,
     plan_wrap,
 )
+
+if TYPE_CHECKING:
+    from visor.policy.schema import Policy
 
 # Directories a desktop app is likely to have on its PATH when it is started
 # from the Dock, Finder or a desktop launcher rather than from a shell: macOS
@@ -185,12 +189,13 @@ def run_init(args: argparse.Namespace) -> int:
         print(f"visor init: {str(e).replace(str(path), str(shown), 1)}", file=sys.stderr)
         return 1
     warning = None
+    policy = None
     try:
         if args.undo:
             plan = plan_undo(config, args.server)
             verb = "unwrap"
         else:
-            options, warning = _wrap_options(args)
+            options, warning, policy = _wrap_options(args)
             plan = plan_wrap(config, args.server, options)
             verb = "wrap"
     except ConfigError as e:
@@ -209,6 +214,14 @@ def run_init(args: argparse.Namespace) -> int:
     print(unified_diff(config.doc.text, plan.text, str(shown)), end="")
     if warning and not args.undo:
         print(warning, file=sys.stderr)
+    if policy is not None:
+        for e in plan.changed:
+            if policy.server(e.name) is None:
+                print(
+                    f"warning: the policy has no server entry {e.name!r} (and no '*'): every call to it "
+                    f"would be denied; scaffold one with `visor policy scaffold --server-name {e.name} ...`",
+                    file=sys.stderr,
+                )
     if args.dry_run:
         print("dry run: nothing written")
         return 0
@@ -240,14 +253,15 @@ def run_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wrap_options(args: argparse.Namespace) -> tuple[WrapOptions, str | None]:
-    policy = None
+def _wrap_options(args: argparse.Namespace) -> tuple[WrapOptions, str | None, Policy | None]:
+    policy_path = None
+    loaded = None
     if args.policy:
         from visor.policy.loader import PolicyError, load_policy
 
-        policy = os.path.abspath(args.policy)
+        policy_path = os.path.abspath(args.policy)
         try:
-            load_policy(policy)
+            loaded = load_policy(policy_path)
         except PolicyError as e:
             raise ConfigError(f"the policy does not load, so wrapped servers would not start: {e}") from None
     executable = find_visor_executable()
@@ -258,7 +272,7 @@ def _wrap_options(args: argparse.Namespace) -> tuple[WrapOptions, str | None]:
     else:
         command = "visor"
     on_path = shutil.which("visor")
-    return WrapOptions(command, policy), path_warning(args.absolute, on_path, executable)
+    return WrapOptions(command, policy_path), path_warning(args.absolute, on_path, executable), loaded
 
 
 def run_list() -> int:
