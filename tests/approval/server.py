@@ -36,6 +36,7 @@ for raw in sys.stdin.buffer:
     if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
         continue
     mid, method, params = msg["id"], msg["method"], msg.get("params") or {}
+    modern = bool((params.get("_meta") or {}).get("io.modelcontextprotocol/protocolVersion"))
     if method == "initialize":
         result = {
             "protocolVersion": params.get("protocolVersion", "2025-11-25"),
@@ -53,7 +54,10 @@ for raw in sys.stdin.buffer:
         }
         reply({"jsonrpc": "2.0", "id": mid, "result": result})
     elif method == "tools/list":
-        reply({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
+        listing: dict = {"tools": TOOLS}
+        if modern:
+            listing.update(resultType="complete", ttlMs=0, cacheScope="private")
+        reply({"jsonrpc": "2.0", "id": mid, "result": listing})
     elif method == "tools/call":
         if params.get("name") == "collide":
             reply({"jsonrpc": "2.0", "id": "visor-0", "method": "ping"})
@@ -71,8 +75,8 @@ for raw in sys.stdin.buffer:
             "structuredContent": {"audit_allow_present": seen},
             "isError": False,
         }
-        if (params.get("_meta") or {}).get("io.modelcontextprotocol/protocolVersion"):
+        if modern:
             result["resultType"] = "complete"
         reply({"jsonrpc": "2.0", "id": mid, "result": result})
     else:
-        reply({"jsonrpc": "2.0", "id": mid, "result": {}})
+        reply({"jsonrpc": "2.0", "id": mid, "result": {"resultType": "complete"} if modern else {}})

@@ -345,3 +345,15 @@ def test_the_cli_refuses_bad_ids_and_double_answers(tmp_path: Path) -> None:
     finally:
         vp.kill()
     assert pending(adir) == {}
+
+
+def test_a_server_request_in_visors_id_space_is_refused(tmp_path: Path) -> None:
+    vp, log, _audit = start(tmp_path)
+    try:
+        call(vp, 1, "collide", {})
+        resp = recv_id(vp, 1)  # asserts that no request reached the client first
+        assert resp["result"]["isError"] is False
+        answer = json.loads(received(log)[-1])
+        assert answer["id"] == "visor-0" and answer["error"]["code"] == -32600
+    finally:
+        vp.kill()
