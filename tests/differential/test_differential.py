@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from tests.differential import readers
 from tests.fuzz.invariants import first_difference
 from tests.fuzz.make_corpus import WIRE_LINES
-from visor.policy.rules import _number
 from visor.wire.message import Message, classify
 
 
@@ -207,20 +206,18 @@ def test_other_line_breaks_are_never_forwarded(sep: str) -> None:
 def test_universal_newlines_cannot_split_a_forwarded_line() -> None:
     # Text-mode stdin (the MCP Python SDK) splits on \n, \r and \r\n only;
     # Visor refuses raw \r and JSON escapes \n, so one line stays one message.
-    line = _call('{"s":"a\\r\\nb","t":"\u2028\u2029\x85"}')
+    line = _call('{"s":"a\\r\\nb","t":"\\u2028\\u2029\\u0085"}')
     assert visor_read(line) is not None
     assert len(readers.universal_newlines_reader(line + b"\n")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="raw U+2028/U+2029/U+0085 are forwarded; str.splitlines() makes more than one message of the line",
-)
 @pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85"])
-def test_splitlines_reader_sees_one_message(sep: str) -> None:
+def test_raw_unicode_line_separators_are_refused(sep: str) -> None:
+    # str.splitlines() would make several messages of this line, so Visor
+    # does not forward it; the escaped form passes (see above).
     line = _call('{"s":"a' + sep + "{}" + sep + 'b"}')
-    assert visor_read(line) is not None
-    assert differentials(line, only=("splitlines",)) == []
+    assert len(readers.splitlines_reader(line + b"\n")) > 1
+    assert visor_read(line) is None
 
 
 # --------------------------------------------------------------- numbers
@@ -232,32 +229,11 @@ def test_integers_within_64_bits_are_read_exactly(n: int) -> None:
     assert differentials(line) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="orjson reads integers beyond 64 bits as floats: the policy evaluates the rounded float, "
-    "the server the exact integer",
-)
 @pytest.mark.parametrize("n", [2**64, 2**64 + 1, 10**30, -(2**63) - 1])
-def test_integers_beyond_64_bits_are_read_exactly(n: int) -> None:
-    assert differentials(_call('{"size":' + str(n) + "}"), only=("stdlib",)) == []
-
-
-def test_what_the_big_integer_differential_means_for_a_size_rule() -> None:
-    """The policy's number for 2**64 + 1 is int(float) = 2**64: off by one,
-    and only above 2**64. A max_file_size/max_result_rows limit would have to
-    be at least 2**64 for the verdict to differ; the loader accepts such a
-    limit, so the differential is real but not reachable with a sane policy."""
-    n = 2**64 + 1
-    m = classify(_call('{"size":' + str(n) + "}"))
-    assert type(m) is Message
-    seen = _number(m.arguments["size"])
-    assert seen == 2**64 and seen < n
-    limit = 2**64
-    assert not seen > limit and n > limit  # the policy allows what the server reads as over the limit
-    for n in (2**64 + 2**12, 10**20, 10**30):
-        seen = _number(classify(_call('{"size":' + str(n) + "}")).arguments["size"])  # type: ignore[union-attr]
-        assert abs(seen - n) <= n / 2**52  # within a double's rounding
-        assert (seen > 2**63) == (n > 2**63)
+def test_integers_beyond_64_bits_are_refused(n: int) -> None:
+    # orjson would read them as floats while the server reads the exact
+    # integer: Visor refuses the message rather than judge another number.
+    assert visor_read(_call('{"size":' + str(n) + "}")) is None
 
 
 def test_big_integer_ids_are_refused_not_rounded() -> None:

@@ -342,7 +342,7 @@ def _number(v: object) -> int | None:
         return v
     if isinstance(v, float):
         return int(v) if v == v else None
-    if isinstance(v, str) and v.strip().isdigit():
+    if isinstance(v, str) and v.strip().isdecimal() and v.strip().isascii():
         return int(v.strip())
     return None
 

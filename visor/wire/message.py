@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -25,6 +26,9 @@ INT64_MAX = 2**63 - 1
 
 _BOM = b"\xef\xbb\xbf"
 _ABSENT: Any = object()
+_LINE_SEPARATORS = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
+# An integer outside [-2**63, 2**64) has at least 19 digits.
+_LONG_DIGITS = re.compile(rb"\d{19}")
 _REQUEST_KEYS = frozenset(("jsonrpc", "id", "method", "params"))
 _NOTIFICATION_KEYS = frozenset(("jsonrpc", "method", "params"))
 _RESPONSE_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
@@ -85,9 +89,10 @@ def is_valid_id(value: object) -> bool:
 def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
     """Classify one line (without its newline). Never raises.
 
-    `fold_case` also refuses keys that are equal after case folding (a Go
-    server matches struct fields case-insensitively); the relay asks for it
-    on everything the client sends.
+    `fold_case` is the strictness the relay asks for on everything the
+    client sends: keys equal after case folding are refused (a Go server
+    matches struct fields case-insensitively), and so are raw Unicode line
+    separators and integers that orjson cannot read exactly (below).
     """
     if b"\r" in line:
         # A peer that splits lines on CR (universal newlines) would read
@@ -106,7 +111,47 @@ def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
     problem = duplicate_key_problem(obj, line, fold_case)
     if problem is not None:
         return _reject_duplicates(line, problem)
+    if fold_case:
+        if not line.isascii() and any(sep in line for sep in _LINE_SEPARATORS):
+            # Valid JSON inside a string, but a server that splits lines with
+            # str.splitlines() would read several messages from this one.
+            return _reject_with_id(obj, "raw Unicode line separator (U+0085, U+2028 or U+2029) in a message")
+        if _LONG_DIGITS.search(line) is not None and _inexact_integer(line):
+            # orjson reads these as floats; the server reads the exact
+            # integer. The policy must never judge a number the server does not see.
+            return _reject_with_id(obj, "an integer outside the 64-bit range")
     return _classify_object(obj, line)
+
+
+def _reject_with_id(obj: dict[str, Any], reason: str) -> Rejected:
+    msg_id = obj.get("id", _ABSENT)
+    method = obj.get("method")
+    method = method if type(method) is str else None
+    if msg_id is not _ABSENT and is_valid_id(msg_id) and method is not None:
+        return Rejected(errors.INVALID_REQUEST, reason, (msg_id,), method=method)
+    return Rejected(errors.INVALID_REQUEST, reason, reply_null=method is not None, method=method)
+
+
+class _Inexact(Exception):
+    pass
+
+
+def _check_int(text: str) -> int:
+    value = int(text)
+    if not INT64_MIN <= value < 2**64:
+        raise _Inexact(text)
+    return value
+
+
+def _inexact_integer(line: bytes) -> bool:
+    try:
+        json.loads(line, parse_int=_check_int)
+    except _Inexact:
+        return True
+    except (ValueError, RecursionError):
+        # The standard library refuses what orjson read: refuse it too.
+        return True
+    return False
 
 
 def _classify_object(obj: dict[str, Any], line: bytes) -> Message | Rejected:
