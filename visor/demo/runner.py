@@ -365,6 +365,9 @@ def _run(root: Path, paint: Paint, kept: bool) -> int:
             print(line)
             if reason:
                 print(f"          {paint('↳ ' + reason, '2')}")
+            elif shown == "approve":
+                note = "Visor asked; a person answered `visor approve ID` in the approval directory"
+                print(f"          {paint('↳ ' + note, '2')}")
     finally:
         code = client.close()
         stderr_log.close()
