@@ -13,6 +13,7 @@ import contextlib
 import os
 import pwd
 import select
+import termios
 import threading
 
 from visor.approval import model
@@ -53,12 +54,10 @@ def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalA
     try:
         rememberable = req.scope is not None
         choices = "[y]es / [r]emember for this session / [N]o" if rememberable else "[y]es / [N]o"
-        os.write(fd, f"\n{model.describe(req)}\nApprove? {choices}: ".encode(errors="replace"))
-        # Input typed before this prompt was shown is not an answer to it.
+        # Input typed before this prompt is shown is not an answer to it.
         with contextlib.suppress(OSError):
-            import termios
-
             termios.tcflush(fd, termios.TCIFLUSH)
+        os.write(fd, f"\n{model.describe(req)}\nApprove? {choices}: ".encode(errors="replace"))
         buf = b""
         while not stop.is_set():
             ready, _, _ = select.select([fd], [], [], 0.1)
