@@ -330,7 +330,14 @@ def check_provenance(c: _Ctx) -> Decision | None:
         # Output is untrusted: a destination it showed is refused, unless the
         # operator listed that exact destination (a domain or prefix in the
         # trust list does not vouch for every address under it).
-        if session.output.seen(d) and d.key not in trust.keys:
+        # A destination a human approved for this tool and argument earlier
+        # in the session counts like an exact trusted one: a mail tool that
+        # echoes "sent to X" must not turn that yes into a deny.
+        if (
+            session.output.seen(d)
+            and d.key not in trust.keys
+            and (c.call.tool, arg, d.key) not in session.approvals
+        ):
             return _deny(
                 "provenance.untrusted_output",
                 f"destination {d.value} in argument {arg!r} appeared in this session's tool output",
