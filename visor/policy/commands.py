@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
+from visor.pinfile import read_pins, write_pins
 from visor.policy.lint import findings_json, lint_file
 
 
@@ -45,33 +44,9 @@ def run_lint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_pins(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict) or not isinstance(data.get("tools"), dict):
-        raise ValueError("not a Visor pin file (no 'tools' mapping)")
-    return data
-
-
-def _write_pins(path: str, data: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".pins-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def run_pins(args: argparse.Namespace) -> int:
     try:
-        data = _read_pins(args.pin_file)
+        data = read_pins(args.pin_file)
     except FileNotFoundError:
         print(f"visor pins: {args.pin_file}: no such pin file", file=sys.stderr)
         return 1
@@ -94,7 +69,7 @@ def run_pins(args: argparse.Namespace) -> int:
         del tools[args.reset]
         message = f"reset the pin of {args.reset!r}"
     try:
-        _write_pins(args.pin_file, data)
+        write_pins(args.pin_file, data)
     except OSError as e:
         print(f"visor pins: cannot write {args.pin_file}: {e}", file=sys.stderr)
         return 1
