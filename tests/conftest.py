@@ -99,7 +99,20 @@ class VisorProcess:
         return out
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        """End the session the way a client does (stdin EOF), and kill only if that hangs.
+
+        A clean end is what lets tests read the audit log afterwards: records
+        that need no fsync are on disk by `session_end`. Tests of a crash
+        kill `self.proc` themselves.
+        """
+        if self.proc.poll() is not None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            if not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            self.proc.wait(15)
+        except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait(5)
 

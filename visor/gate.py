@@ -17,7 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from visor.approval.model import arguments_digest, make_request, remember_scope
+from visor.audit.writer import AuditUnhealthy
+from visor.gating import DataGuard
 from visor.logs import get_logger
+from visor.policy.evaluate import Decision, ToolCall, evaluate
 from visor.wire import errors
 from visor.wire.message import Message, Rejected
 
@@ -25,7 +29,6 @@ if TYPE_CHECKING:
     from visor.approval.broker import ApprovalBroker, ClientLink
     from visor.approval.model import ApprovalAnswer
     from visor.audit.writer import AuditWriter
-    from visor.policy.evaluate import Decision, ToolCall
     from visor.policy.schema import Policy
     from visor.session import SessionEvent, SessionState
 
@@ -137,8 +140,6 @@ class PolicyGate(Gate):
         self.audit = audit
         self.server = server_name
         self._pin_saver = pin_saver
-        from visor.gating import DataGuard
-
         # Redaction, resource/prompt/server-request gating, output limits.
         self.guard = DataGuard(policy, server_name, self._append)
         self.approvals = approvals
@@ -161,8 +162,6 @@ class PolicyGate(Gate):
 
     # ------------------------------------------------------------- decisions
     def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
-        from visor.policy.evaluate import Decision, ToolCall, evaluate
-
         assert msg.tool is not None and msg.arguments is not None
         call = ToolCall(self.server, msg.tool, msg.arguments)
         try:
@@ -192,8 +191,6 @@ class PolicyGate(Gate):
         ctx: CallContext,
         extra: dict[str, Any] | None = None,
     ) -> Verdict:
-        from visor.audit.writer import AuditUnhealthy
-
         event = self._event(msg, "allow", decision)
         if extra:
             event.update(extra)
@@ -230,9 +227,6 @@ class PolicyGate(Gate):
 
     # ------------------------------------------------------------- approvals
     def _ask(self, msg: Message, call: ToolCall, decision: Decision, ctx: CallContext) -> Verdict:
-        from visor.approval.model import arguments_digest, remember_scope
-        from visor.policy.evaluate import Decision
-
         self._record(msg, "ask", decision)
         scope = remember_scope(decision.rule, decision.argument, decision.destination)
         if (
@@ -278,8 +272,6 @@ class PolicyGate(Gate):
         return Deferred(verdict, ordered=False)
 
     def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
-        from visor.policy.evaluate import Decision
-
         broker = self.approvals
         if failure == "timeout" and broker is not None:
             rule = "approval.timeout"
@@ -310,9 +302,6 @@ class PolicyGate(Gate):
         ctx: CallContext,
         verdict: asyncio.Future[Forward | Answer | Drop],
     ) -> None:
-        from visor.approval.model import make_request
-        from visor.policy.evaluate import Decision
-
         broker = self.approvals
         assert broker is not None
         approved: list[Decision] = []
@@ -391,8 +380,6 @@ class PolicyGate(Gate):
 
     def _reevaluate(self, call: ToolCall, approved: list[Decision]) -> Decision:
         """Evaluate again with this call's approvals in force; a question already answered yes passes."""
-        from visor.policy.evaluate import Decision, evaluate
-
         # Destination approvals for this call are lent to the session for one
         # synchronous evaluation (nothing else runs meanwhile) and taken back
         # unless the human asked to remember them.
@@ -425,8 +412,6 @@ class PolicyGate(Gate):
         return nxt
 
     def _remember(self, call: ToolCall, decision: Decision) -> None:
-        from visor.approval.model import arguments_digest, remember_scope
-
         scope = remember_scope(decision.rule, decision.argument, decision.destination)
         if scope == "destination":
             self.session.remember_approval(call, decision)
@@ -582,8 +567,6 @@ class PolicyGate(Gate):
         self._append(event)
 
     def _append(self, event: dict[str, Any]) -> None:
-        from visor.audit.writer import AuditUnhealthy
-
         try:
             self.audit.append(event)
         except (AuditUnhealthy, ValueError) as exc:

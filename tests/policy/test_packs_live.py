@@ -80,7 +80,9 @@ def test_fetch_pack_matches_mcp_server_fetch() -> None:
 
 
 # `make test` installs the npm reference server here (see the Makefile).
-FILESYSTEM_SERVER = Path(__file__).parents[2] / ".venv" / "node" / "node_modules" / ".bin" / "mcp-server-filesystem"
+FILESYSTEM_SERVER = (
+    Path(__file__).parents[2] / ".venv" / "node" / "node_modules" / ".bin" / "mcp-server-filesystem"
+)
 
 
 def test_filesystem_pack_matches_the_reference_server(tmp_path: Path) -> None:

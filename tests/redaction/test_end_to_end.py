@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,8 +51,16 @@ class Env:
     def server_received(self) -> list[dict]:
         return [json.loads(x) for x in self.log.read_bytes().splitlines() if x.strip()]
 
-    def records(self) -> list[dict]:
-        return [json.loads(x) for x in self.audit.read_bytes().splitlines()]
+    def records(self, wait_for: str | None = None) -> list[dict]:
+        """The log as written so far. Records that need no fsync are written by
+        the audit thread a moment after the answer reaches the client, so a test
+        that expects one waits for it (bounded) instead of racing the thread."""
+        deadline = time.monotonic() + 5
+        while True:
+            recs = [json.loads(x) for x in self.audit.read_bytes().splitlines()]
+            if wait_for is None or any(r["event"] == wait_for for r in recs) or time.monotonic() > deadline:
+                return recs
+            time.sleep(0.02)
 
 
 @pytest.fixture
@@ -99,7 +108,7 @@ def test_nested_arguments_are_redacted_before_the_server_and_the_log(env: Env) -
     assert sent["note"] == "[ticket]-SECRET ok"
     resp = json.loads(raw)
     assert resp["result"]["_meta"]["progressToken"] == "pt-1"
-    recs = env.records()
+    recs = env.records(wait_for="redact")
     allow = next(r for r in recs if r["event"] == "allow" and r.get("id") == BIG_ID)
     assert allow["args"] == sent
     red = next(r for r in recs if r["event"] == "redact" and r["direction"] == "arguments")
@@ -132,7 +141,7 @@ def test_tool_outputs_are_redacted_and_every_other_field_kept(env: Env) -> None:
     assert result["isError"] is False
     assert result["_meta"]["example.org/n"] == 2**60 + 1
     assert result["futureField"] == {"kept": [1, 2.5, None]}
-    red = [r for r in env.records() if r["event"] == "redact" and r["direction"] == "output"]
+    red = [r for r in env.records(wait_for="redact") if r["event"] == "redact" and r["direction"] == "output"]
     assert {f["path"] for f in red[0]["fields"]} == {
         "$.content[0].text",
         "$.content[1].resource.text",
@@ -178,7 +187,7 @@ def test_resource_reads_are_gated_and_redacted(env: Env) -> None:
     )
     assert result["_meta"] == {"k": 1}
     assert [m["params"]["uri"] for m in env.server_received()] == ["memo://ok"]
-    denies = [r for r in env.records() if r["event"] == "deny"]
+    denies = [r for r in env.records(wait_for="deny") if r["event"] == "deny"]
     assert [d["method"] for d in denies] == ["resources/read"] * 3 + ["resources/subscribe"]
     assert denies[0]["rule"] == "resource.sensitive" and denies[2]["rule"] == "servers[leaky].resources.deny"
 
@@ -207,7 +216,9 @@ def test_denied_sampling_is_answered_to_the_server_never_shown_to_the_client(env
     assert answer["id"] == "s-1" and answer["error"]["code"] == -32600
     sentinel(env.vp)
     deny = next(
-        r for r in env.records() if r["event"] == "deny" and r.get("method") == "sampling/createMessage"
+        r
+        for r in env.records(wait_for="deny")
+        if r["event"] == "deny" and r.get("method") == "sampling/createMessage"
     )
     assert deny["rule"] == "servers[leaky].server_requests.sampling"
 

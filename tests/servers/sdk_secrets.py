@@ -20,7 +20,9 @@ class Creds(BaseModel):
 @app.tool()
 def creds(user: str) -> Creds:
     """Structured output with a token in it."""
-    return Creds(user=user, token=GITHUB, port=5432, urls=["postgres://app:hunter2@db/x", "https://ok.example"])
+    return Creds(
+        user=user, token=GITHUB, port=5432, urls=["postgres://app:hunter2@db/x", "https://ok.example"]
+    )
 
 
 @app.resource("memo://config")
