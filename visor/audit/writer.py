@@ -576,14 +576,25 @@ class AuditWriter:
 
     @staticmethod
     def _settle_all(segment: list[_Pending], failure: str | None) -> None:
+        # One wake-up of each event loop per group, not one per record: every
+        # call_soon_threadsafe writes to the loop's wake-up pipe, and under
+        # pipelined load that system call per allow cost more than the rest.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, dict[str, Any], BaseException | None]]] = {}
         for p in segment:
             if p.future is None or p.loop is None:
                 continue
             # A fresh exception per waiter: one shared instance would collect every
             # waiter's traceback.
             error = AuditUnhealthy(failure) if failure is not None else None
+            by_loop.setdefault(p.loop, []).append((p.future, p.record, error))
+        for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the caller's loop is already closed
-                p.loop.call_soon_threadsafe(_settle, p.future, p.record, error)
+                loop.call_soon_threadsafe(_settle_group, items)
+
+
+def _settle_group(items: list[tuple[Any, dict[str, Any], BaseException | None]]) -> None:
+    for future, record, error in items:
+        _settle(future, record, error)
 
 
 def _settle(
