@@ -35,16 +35,15 @@ FrameEvent = bytes | Oversize | Truncated
 class Framer:
     """Split a byte stream into lines, whatever the chunking."""
 
-    __slots__ = ("_buf", "_discarded", "_discarding", "_max", "_scan_from")
+    __slots__ = ("_buf", "_discarded", "_discarding", "_max")
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         if max_bytes < 1:
             raise ValueError("max_bytes must be positive")
         self._max = max_bytes
+        # The start of a line whose end has not arrived. It never holds a
+        # b"\n", so only new data is ever searched.
         self._buf = bytearray()
-        # Where to resume the search for b"\n": bytes before it are known to
-        # hold none, so a long line is scanned once, not once per chunk.
-        self._scan_from = 0
         self._discarding = False
         self._discarded = 0
 
@@ -59,41 +58,36 @@ class Framer:
             self._discarding = False
             self._discarded = 0
             data = data[nl + 1 :]
-        buf = self._buf
-        if not buf:
-            # Fast path: most chunks hold whole lines; split without copying
-            # into the buffer first.
-            start = 0
-            find = data.find
-            append = events.append
-            limit = self._max
-            while True:
-                nl = find(b"\n", start)
-                if nl < 0:
-                    break
-                end = nl - 1 if nl > start and data[nl - 1] == 13 else nl
-                append(data[start:end] if end - start <= limit else Oversize(end - start))
-                start = nl + 1
-            rest = data[start:]
-            if rest:
-                self._hold(events, rest)
-            return events
-        buf += data
+        if self._buf:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._buf += data
+                if self._too_long(self._buf):
+                    self._start_discard(len(self._buf))
+                return events
+            # The end of a long line: one copy joins what was held and the tail.
+            line = b"".join((self._buf, memoryview(data)[:nl]))
+            self._buf = bytearray()
+            self._emit(events, line)
+            data = data[nl + 1 :]
+        # Whole lines in this chunk: split without copying into the buffer first.
         start = 0
-        scan = self._scan_from
+        find = data.find
+        append = events.append
+        limit = self._max
         while True:
-            nl = buf.find(b"\n", scan)
+            nl = find(b"\n", start)
             if nl < 0:
                 break
-            self._emit(events, bytes(buf[start:nl]))
-            start = scan = nl + 1
-        if start:
-            del buf[:start]
-        self._scan_from = len(buf)
-        # One more byte is held when it is a CR: a line of exactly the limit
-        # whose CRLF is split across chunks is still a line of the limit.
-        if len(buf) > self._max and (len(buf) > self._max + 1 or buf[-1] != 13):
-            self._start_discard(len(buf))
+            end = nl - 1 if nl > start and data[nl - 1] == 13 else nl
+            append(data[start:end] if end - start <= limit else Oversize(end - start))
+            start = nl + 1
+        if start < len(data):
+            rest = data[start:]
+            if self._too_long(rest):
+                self._start_discard(len(rest))
+            else:
+                self._buf = bytearray(rest)
         return events
 
     def eof(self) -> list[FrameEvent]:
@@ -104,7 +98,6 @@ class Framer:
         elif self._buf:
             events.append(Truncated(len(self._buf)))
         self._buf = bytearray()
-        self._scan_from = 0
         self._discarding = False
         self._discarded = 0
         return events
@@ -122,15 +115,13 @@ class Framer:
         else:
             events.append(line)
 
-    def _hold(self, events: list[FrameEvent], rest: bytes) -> None:
-        if len(rest) > self._max and (len(rest) > self._max + 1 or rest[-1] != 13):
-            self._start_discard(len(rest))
-            return
-        self._buf = bytearray(rest)
-        self._scan_from = len(rest)
+    def _too_long(self, held: bytes | bytearray) -> bool:
+        # One more byte is held when it is a CR: a line of exactly the limit
+        # whose CRLF is split across chunks is still a line of the limit.
+        limit = self._max
+        return len(held) > limit and (len(held) > limit + 1 or held[-1] != 13)
 
     def _start_discard(self, size: int) -> None:
         self._buf = bytearray()
-        self._scan_from = 0
         self._discarding = True
         self._discarded = size
