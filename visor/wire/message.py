@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,8 +26,11 @@ INT64_MAX = 2**63 - 1
 _BOM = b"\xef\xbb\xbf"
 _ABSENT: Any = object()
 _LINE_SEPARATORS = (b"\xc2\x85", b"\xe2\x80\xa8", b"\xe2\x80\xa9")
-# An integer outside [-2**63, 2**64) has at least 19 digits.
-_LONG_DIGITS = re.compile(rb"\d{19}")
+# An integer outside [-2**63, 2**64) has at least 19 digits. Mapping every
+# digit to "0" and looking for 19 zeros is a C-speed scan; a regex for a
+# digit run costs several times more on every message.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_ZEROS = b"0" * 19
 _REQUEST_KEYS = frozenset(("jsonrpc", "id", "method", "params"))
 _NOTIFICATION_KEYS = frozenset(("jsonrpc", "method", "params"))
 _RESPONSE_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
@@ -116,7 +118,7 @@ def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
             # Valid JSON inside a string, but a server that splits lines with
             # str.splitlines() would read several messages from this one.
             return _reject_with_id(obj, "raw Unicode line separator (U+0085, U+2028 or U+2029) in a message")
-        if _LONG_DIGITS.search(line) is not None and _inexact_integer(line):
+        if _NINETEEN_ZEROS in line.translate(_DIGITS_TO_ZERO) and _inexact_integer(line):
             # orjson reads these as floats; the server reads the exact
             # integer. The policy must never judge a number the server does not see.
             return _reject_with_id(obj, "an integer outside the 64-bit range")
