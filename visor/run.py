@@ -143,6 +143,10 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
     async def session() -> int:
         # The gate is built inside the loop: the audit writer delivers its
         # results to this loop's futures.
+        if args.no_checks:
+            log.warning("checks_disabled", detail="--no-checks: no policy, no audit log; for measuring only")
+        elif args.unsafe_no_fsync:
+            log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
         gate = Gate() if args.no_checks else _build_gate(args, command)
         return await Relay(command, config, gate).run(_WIRE_IN, _WIRE_OUT)  # type: ignore[arg-type]
 
