@@ -390,8 +390,9 @@ class PolicyGate(Gate):
                 if key not in self.session.approvals:
                     self.session.approvals.add(key)
                     lent.append(key)
+        answered = frozenset((d.rule, d.argument, d.destination) for d in approved)
         try:
-            nxt = evaluate(self.policy, self.session, call)
+            nxt = evaluate(self.policy, self.session, call, answered=answered)
         except Exception as exc:  # a bug must never turn into an allow
             log.exception("evaluate_failed", tool=call.tool)
             return Decision("deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})")

@@ -480,8 +480,19 @@ def _plan(policy: Policy) -> tuple[Check, ...]:
     return plan
 
 
-def evaluate(policy: Policy, session: SessionState, call: ToolCall, now: datetime | None = None) -> Decision:
-    """Decide one call. Never mutates ``session``."""
+def evaluate(
+    policy: Policy,
+    session: SessionState,
+    call: ToolCall,
+    now: datetime | None = None,
+    answered: frozenset[tuple[str, str | None, str | None]] = frozenset(),
+) -> Decision:
+    """Decide one call. Never mutates ``session``.
+
+    ``answered`` holds the asks (rule, argument, destination) a human has
+    already approved for this very call: they pass, so that the next
+    question, if any, surfaces instead of hiding behind the first.
+    """
     ctx = _Ctx(policy, session, call, now if now is not None else datetime.now(UTC))
     pending: Decision | None = None
     for check in _plan(policy):
@@ -493,7 +504,7 @@ def evaluate(policy: Policy, session: SessionState, call: ToolCall, now: datetim
             continue
         if d.action == "deny":
             return d
-        if d.action == "ask" and pending is None:
+        if d.action == "ask" and pending is None and (d.rule, d.argument, d.destination) not in answered:
             pending = d
     if pending is not None:
         return pending
