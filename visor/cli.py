@@ -56,6 +56,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="largest message accepted in either direction (default 16 MiB)",
     )
     run.add_argument(
+        "--identity", metavar="NAME", help="the agent identity the policy's identities section applies to"
+    )
+    run.add_argument(
         "--pin-file", metavar="FILE", help="keep tool pins in FILE across restarts (trust on first use)"
     )
     run.add_argument(

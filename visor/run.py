@@ -73,7 +73,9 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
 
     # Before the audit log opens: a refused option must not leave its writer running.
     approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)
-    session = SessionState(policy, args.server_name)
+    if args.identity and not any(i.name == args.identity for i in policy.identities):
+        raise StartupError(f"identity {args.identity!r} is not defined in the policy's identities")
+    session = SessionState(policy, args.server_name, identity=args.identity)
     pin_saver = None
     if args.pin_file:
         pin_path = Path(args.pin_file)

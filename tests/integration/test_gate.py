@@ -302,3 +302,30 @@ def test_audit_write_failure_denies_this_and_every_later_call(tmp_path: Path) ->
         vp.kill()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+IDENTITY_POLICY = (
+    POLICY
+    + """identities:
+  - name: "reader"
+    allowed_servers: ["rec"]
+    allowed_tools: ["rec/echo"]
+"""
+)
+
+
+def test_identity_limits_the_tools_and_an_unknown_identity_refuses_to_start(tmp_path: Path) -> None:
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(IDENTITY_POLICY)
+    args = ["--server-name", "rec", "--policy", str(policy_file), "--audit-log", str(tmp_path / "a.jsonl")]
+    vp = VisorProcess([sys.executable, str(RECORDER)], visor_args=[*args, "--identity", "reader"])
+    try:
+        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
+        vp.recv()
+        assert _call(vp, 1, "echo", {"a": 1})["result"]["isError"] is False
+        denied = _call(vp, 2, "big", {})
+        assert denied["result"]["isError"] is True and "identity" in denied["result"]["content"][0]["text"]
+    finally:
+        vp.kill()
+    bad = VisorProcess([sys.executable, str(RECORDER)], visor_args=[*args, "--identity", "nobody"])
+    assert bad.wait() == 1 and "identity 'nobody'" in bad.stderr
