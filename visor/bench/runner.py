@@ -241,6 +241,19 @@ def visor_command(extra: list[str], server: list[str]) -> list[str]:
     return [PY, "-m", "visor.cli", "run", "--log-format", "json", *extra, "--", *server]
 
 
+def _default_without_redaction(tmp: Path) -> Path:
+    """The embedded default policy with redaction off: the cost of redaction is the difference."""
+    from importlib import resources
+
+    text = (resources.files("visor.policy") / "default.yaml").read_text()
+    marker = "redaction:\n  output_redaction: true\n"
+    if marker not in text:
+        raise RuntimeError("the default policy's redaction section changed; update the bench")
+    path = tmp / "default-no-redaction.yaml"
+    path.write_text(text.replace(marker, "redaction:\n  builtin: false\n  output_redaction: false\n"))
+    return path
+
+
 def default_rows(tmp: Path, work: Workload) -> list[Row]:
     server = ECHO_SERVER
 
@@ -272,6 +285,11 @@ def default_rows(tmp: Path, work: Workload) -> list[Row]:
             "audit durability OFF: records written, not fsync'd",
         ),
         audited("visor: default policy", [], "every allow fsync'd before relay (group commit)"),
+        audited(
+            "visor: default policy, no redaction",
+            ["--policy", str(_default_without_redaction(tmp))],
+            "the same, with redaction switched off (builtin: false, output_redaction: false)",
+        ),
         audited(
             f"visor: 30 rules + {work.provenance_outputs} outputs",
             ["--policy", str(BENCH_POLICY), "--server-name", "bench"],
@@ -370,6 +388,11 @@ def check_targets(
             "durable commit adds <= 1.5 fsync to the sequential p50",
             durable.seq_p50_us - nosync.seq_p50_us <= 1.5 * fsync_us,
             f"+{durable.seq_p50_us - nosync.seq_p50_us:.0f} µs vs fsync {fsync_us:.0f} µs",
+        ),
+        (
+            "1 MiB, default policy: redaction on >= 80% of redaction off",
+            durable.big_mb_s >= 0.8 * rows["visor: default policy, no redaction"].big_mb_s,
+            f"{durable.big_mb_s / rows['visor: default policy, no redaction'].big_mb_s:.0%}",
         ),
         (
             "pipelined durable allows >= 20,000 calls/s (group commit)",
