@@ -31,7 +31,7 @@ from visor.logs import get_logger
 from visor.relay import upstream as upstream_mod
 from visor.wire import errors
 from visor.wire.framer import Framer, Oversize, Truncated
-from visor.wire.message import Kind, Message, Rejected, classify
+from visor.wire.message import Kind, Message, Rejected, classify, is_valid_id
 
 log = get_logger("visor.relay")
 
@@ -402,7 +402,12 @@ class Relay:
             return
         for event in self._client_framer.feed(data):
             if type(event) is bytes:
-                self._client_line(event)
+                try:
+                    self._client_line(event)
+                except Exception:
+                    # One message must never stop the session: an exception
+                    # escaping data_received closes the client's pipe.
+                    log.exception("client_message_failed", size=len(event))
             else:
                 self._client_frame_problem(event)
         self.to_server.flush()
@@ -474,7 +479,13 @@ class Relay:
             self._note_initialize(msg)
         line = msg.raw
         if method in _GATED_CLIENT_METHODS:
-            verdict = self.gate.on_client_request(msg)
+            try:
+                verdict = self.gate.on_client_request(msg)
+            except Exception:
+                log.exception("gate_failed", method=method)
+                verdict = errors.error_response(
+                    msg.id, errors.INTERNAL_ERROR, "Visor could not check this request"
+                )
             if verdict is not None:
                 if not verdict.startswith(b"S"):
                     self.to_client.write(verdict)  # denied: the server never sees it
@@ -488,7 +499,17 @@ class Relay:
         entry = PendingRequest("tools/call", msg, msg.tool, time.perf_counter(), False)
         pending = self.state.client_pending
         pending[msg.id] = entry
-        verdict = self.gate.on_tool_call(msg, ctx)
+        try:
+            verdict = self.gate.on_tool_call(msg, ctx)
+        except Exception as exc:  # a bug in the gate must never turn into an allow
+            log.exception("gate_failed", tool=msg.tool)
+            verdict = Answer(
+                errors.tool_error_result(
+                    msg.id,
+                    f"Visor denied this call: internal error ({type(exc).__name__})",
+                    modern=ctx.modern,
+                )
+            )
         if type(verdict) is Forward:
             entry.forwarded = True
             self.to_server.write(verdict.line)
@@ -542,7 +563,9 @@ class Relay:
                 caps = meta[_MODERN_CAPS_KEY]
             token = meta.get("progressToken")
         return CallContext(
-            modern=version in errors.MODERN_PROTOCOL_VERSIONS, client_capabilities=caps, progress_token=token
+            modern=type(version) is str and version in errors.MODERN_PROTOCOL_VERSIONS,
+            client_capabilities=caps,
+            progress_token=token,
         )
 
     def _note_initialize(self, msg: Message) -> None:
@@ -557,12 +580,17 @@ class Relay:
         if msg.method == "notifications/cancelled":
             params = msg.obj.get("params") or {}
             target = params.get("requestId", _MISSING)
-            entry = self.state.client_pending.get(target) if target is not _MISSING else None
+            # Only a valid id can name a request: anything else (an array, true
+            # for 1, 1.0) names nothing, and is never hashed against the table.
+            entry = self.state.client_pending.get(target) if is_valid_id(target) else None
             if entry is None or not entry.forwarded:
                 # The server never saw that request: there is nothing for it to
                 # cancel, but a call waiting in Visor stops waiting.
                 if entry is not None:
-                    self.gate.cancel(target)
+                    try:
+                        self.gate.cancel(target)
+                    except Exception:
+                        log.exception("cancel_failed", request_id=repr(target))
                 log.info("cancel_absorbed", request_id=repr(target))
                 return
         elif msg.method == "notifications/initialized":
@@ -635,7 +663,10 @@ class Relay:
     def _on_server_data(self, data: bytes) -> None:
         for event in self._server_framer.feed(data):
             if type(event) is bytes:
-                self._server_line(event)
+                try:
+                    self._server_line(event)
+                except Exception:
+                    log.exception("server_message_failed", size=len(event))
             else:
                 log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
         self.to_client.flush()
@@ -672,7 +703,13 @@ class Relay:
                 log.warning("server_request_duplicate_id", id=repr(msg.id))
                 return
             if msg.method in _GATED_SERVER_METHODS:
-                refusal = self.gate.on_server_request(msg)
+                try:
+                    refusal = self.gate.on_server_request(msg)
+                except Exception:
+                    log.exception("gate_failed", method=msg.method)
+                    refusal = errors.error_response(
+                        msg.id, errors.INTERNAL_ERROR, "Visor could not check this request"
+                    )
                 if refusal is not None:
                     self.to_server.write(refusal)  # the client never sees a refused request
                     return
@@ -686,6 +723,11 @@ class Relay:
                     # Only Visor may withdraw its own approval requests.
                     log.warning("server_cancel_reserved_id", id=repr(target))
                     return
+                if not is_valid_id(target):
+                    # It names no request the server could have sent.
+                    log.warning("server_cancel_bad_id", id=repr(target)[:200])
+                    self.on_reject("server", "notifications/cancelled without a valid requestId", None)
+                    return
                 self.state.server_pending.pop(target, None)
             self.to_client.write(msg.raw)
 
@@ -697,6 +739,18 @@ class Relay:
             return
         del self.state.client_pending[msg.id]
         assert isinstance(entry, PendingRequest)
+        try:
+            replacement = self._observe_response(entry, msg)
+        except Exception:
+            # Unobserved output must not reach the client unredacted or
+            # unpinned: the client gets an error for its request instead.
+            log.exception("server_response_check_failed", method=entry.method, id=repr(msg.id))
+            replacement = errors.error_response(
+                msg.id, errors.INTERNAL_ERROR, "Visor could not check the server's answer"
+            )
+        self.to_client.write(msg.raw if replacement is None else replacement)
+
+    def _observe_response(self, entry: PendingRequest, msg: Message) -> bytes | None:
         replacement: bytes | None = None
         if entry.method == "tools/call":
             replacement = self.gate.on_tool_result(entry.msg, entry.tool, msg)
@@ -716,7 +770,7 @@ class Relay:
             meta = result.get("_meta") if type(result) is dict else None
             if type(meta) is dict and type(meta.get(_SERVER_INFO_KEY)) is dict:
                 self.gate.on_server_info(meta[_SERVER_INFO_KEY])
-        self.to_client.write(msg.raw if replacement is None else replacement)
+        return replacement
 
     def _on_server_eof(self) -> None:
         if self._server_closed:
@@ -732,4 +786,7 @@ class Relay:
             self.to_server.when_idle(self._server_in.close)
 
     def on_reject(self, direction: str, reason: str, rej: Rejected | None) -> None:
-        self.gate.on_reject(direction, reason, rej)
+        try:
+            self.gate.on_reject(direction, reason, rej)
+        except Exception:
+            log.exception("reject_record_failed", direction=direction)
