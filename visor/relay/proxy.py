@@ -391,10 +391,14 @@ class Relay:
 
     def _pause_server(self, reason: str) -> None:
         self._server_out.pause_reading()
+        # Visor answers some client messages itself (rejections, denials): a
+        # client that does not read them must not make them pile up here.
+        self._pause_client(reason)
 
     def _resume_server(self, reason: str) -> None:
         if not self._server_closed:
             self._server_out.resume_reading()
+        self._resume_client(reason)
 
     # ------------------------------------------------------ client -> server
     def _on_client_data(self, data: bytes) -> None:
