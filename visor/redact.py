@@ -176,9 +176,17 @@ class PatternSet:
     """Patterns for one direction, compiled once at policy load."""
 
     patterns: tuple[Pattern, ...] = ()
-    # One alternation of every pattern's literals, searched in the raw line;
-    # None when some pattern has no known literal (every message is walked).
+    # One alternation of every pattern's literals, each reversed, searched in
+    # the reversed raw line; None when some pattern has no known literal
+    # (every message is walked). Reversed, because the regex engine stops at
+    # every byte that can start an alternative: the literals' first bytes
+    # (e, s, g, o...) are common in text, their last bytes (y, _, -, A...) are
+    # not, so the reversed search runs 2-3x faster and costs one copy.
     raw_screen: re.Pattern[bytes] | None = None
+    # For long lines: (byte, literals that contain it). A literal is absent
+    # when its rarest byte is, and a byte test is a memchr: most long lines
+    # are ruled out without the regex.
+    anchors: tuple[tuple[bytes, tuple[bytes, ...]], ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -188,13 +196,20 @@ class PatternSet:
         """False only when no pattern can match any string in the JSON line `raw`."""
         if not self.patterns:
             return False
-        if self.raw_screen is None:
+        screen = self.raw_screen
+        if screen is None:
             return True
         # An escaped character could hide a literal from the byte test
         # (\\u0041KIA, :\\/\\/): such lines are walked.
         if b"\\" in raw and (b"\\u" in raw or b"\\/" in raw):
             return True
-        return self.raw_screen.search(raw) is not None
+        if len(raw) > _LONG:
+            candidates = [lits for byte, lits in self.anchors if byte in raw]
+            if not candidates:
+                return False
+            if sum(map(len, candidates)) <= 4:
+                return any(lit in raw for lits in candidates for lit in lits)
+        return screen.search(raw[::-1]) is not None
 
     def redact_text(self, text: str) -> tuple[str, list[tuple[str, int]]]:
         """`text` with every match replaced, and (pattern name, count) for each pattern that matched.
@@ -253,8 +268,24 @@ def build_set(patterns: Iterable[Pattern]) -> PatternSet:
     if not screened:
         return PatternSet(pats, None)
     # Longest first, so that the alternation never stops early on a prefix.
-    ordered = sorted(dict.fromkeys(literals), key=len, reverse=True)
-    return PatternSet(pats, re.compile(b"|".join(re.escape(lit.encode()) for lit in ordered)))
+    ordered = [lit.encode() for lit in sorted(dict.fromkeys(literals), key=len, reverse=True)]
+    groups: dict[bytes, list[bytes]] = {}
+    for lit in ordered:
+        anchor = min(lit, key=lambda b: (_COMMONNESS.get(b, 0), b))
+        groups.setdefault(bytes((anchor,)), []).append(lit)
+    return PatternSet(
+        pats,
+        re.compile(b"|".join(re.escape(lit[::-1]) for lit in ordered)),
+        tuple((b, tuple(lits)) for b, lits in groups.items()),
+    )
+
+
+# Lines longer than this are screened byte by byte first (see PatternSet.anchors).
+_LONG = 4096
+# How common a byte is in tool output (JSON, prose, paths, base64): the
+# anchor of a literal is its least common byte. Only speed depends on it.
+_COMMON_ORDER = b' ex"tao:insrh,ldcu.mfpgwy/bv0123456789-_kTSAICEjBPMRDNLOFHGWqUzVKJYQXZ'
+_COMMONNESS: dict[int, int] = {b: len(_COMMON_ORDER) - i for i, b in enumerate(_COMMON_ORDER)}
 
 
 @dataclass(frozen=True, slots=True)
