@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from visor.approval.model import arguments_digest, make_request, remember_scope
+from visor.approval.protected import Protected
 from visor.audit.writer import AuditUnhealthy
 from visor.gating import DataGuard
 from visor.logs import get_logger
@@ -134,8 +135,11 @@ class PolicyGate(Gate):
         argv: list[str],
         pin_saver: Any = None,
         approvals: ApprovalBroker | None = None,
+        protected: Protected | None = None,
     ) -> None:
         self.policy = policy
+        # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
+        self.protected = protected or Protected()
         self.session = session
         self.audit = audit
         self.server = server_name
@@ -171,8 +175,17 @@ class PolicyGate(Gate):
             decision = Decision(
                 "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
             )
+        named = self.protected.named_by(msg.arguments) if self.protected else None
         # The policy saw the original arguments; from here on (audit, server) only redacted ones.
         msg = self.guard.redact_call(msg)
+        if named is not None:
+            # Above any policy: an answer file written by a tool is the agent approving itself.
+            decision = Decision(
+                "deny",
+                "visor.protected_path",
+                "an argument names Visor's own files (approval directory, audit log, pins or policy); "
+                "no tool call may read or write them",
+            )
         if decision.action == "allow":
             return self._allow(msg, call, decision, ctx)
         if decision.action == "ask":

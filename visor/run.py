@@ -106,7 +106,25 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         argv=command,
         pin_saver=pin_saver,
         approvals=approvals,
+        protected=_protected_paths(args, audit_path),
     )
+
+
+def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
+    """Visor's own files, which no tool call may name (visor/approval/protected.py)."""
+    from visor.approval.directory import default_dir
+    from visor.approval.protected import Protected
+    from visor.audit.paths import audit_dir
+
+    dirs = [default_dir(), audit_dir()]
+    if getattr(args, "approval_dir", None):
+        dirs.append(Path(args.approval_dir))
+    files = [audit_path]
+    if args.pin_file:
+        files.append(Path(args.pin_file))
+    if args.policy:
+        files.append(Path(args.policy))
+    return Protected.of(dirs, files)
 
 
 def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:

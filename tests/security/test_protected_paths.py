@@ -1,0 +1,79 @@
+"""Which argument strings name Visor's own files (visor/approval/protected.py): pure, no relay."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from visor.approval.protected import Protected
+
+
+@pytest.fixture
+def prot(tmp_path: Path) -> Protected:
+    (tmp_path / "approvals").mkdir()
+    return Protected.of([tmp_path / "approvals"], [tmp_path / "audit.jsonl"])
+
+
+@pytest.mark.parametrize(
+    "spell",
+    [
+        "{d}/approvals/abc.answer",
+        "{d}/approvals",
+        "{d}/x/../approvals/abc.answer",
+        "file://{d}/approvals/abc.answer",
+        "file://localhost{d}/approvals/abc.answer",
+        "FILE:{d}/approvals/abc.answer",
+        "{d}/%61pprovals/abc.answer",
+        "echo yes > {d}/approvals/abc.answer",
+        "--out={d}/approvals/abc.answer",
+        "'{d}/approvals/abc.answer'",
+        "{d}/audit.jsonl",
+        "{d}/audit.jsonl.1",
+        "{d}/audit.jsonl.lock",
+        "{d}/link/abc.answer",
+    ],
+)
+def test_spellings_of_a_protected_path_are_caught(tmp_path: Path, prot: Protected, spell: str) -> None:
+    (tmp_path / "link").symlink_to(tmp_path / "approvals")
+    text = spell.format(d=tmp_path)
+    assert prot.named_by({"path": text}) == text
+    assert prot.named_by({"nested": [{"deep": text}]}) == text
+    assert prot.named_by({text: 1}) == text
+
+
+def test_relative_and_bare_names_from_inside_the_directory(
+    tmp_path: Path, prot: Protected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert prot.named_by({"p": "approvals/abc.answer"})
+    assert prot.named_by({"p": "./audit.jsonl"})
+    monkeypatch.chdir(tmp_path / "approvals")
+    assert prot.named_by({"p": "abc.answer"})
+
+
+def test_home_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    prot = Protected.of([tmp_path / ".visor" / "approvals"], [])
+    assert prot.named_by({"p": "~/.visor/approvals/x.answer"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello",
+        "{d}/approvalsX/a",
+        "{d}/audit.jsonlX",
+        "https://example.com/approvals/a",
+        "{d}/other",
+        "a\x00b",
+    ],
+)
+def test_other_strings_pass(tmp_path: Path, prot: Protected, text: str) -> None:
+    assert prot.named_by({"p": text.format(d=tmp_path), "n": 1, "b": True, "z": None}) is None
+
+
+def test_empty_protects_nothing() -> None:
+    assert not Protected()
+    assert Protected().named_by({"p": os.getcwd()}) is None
