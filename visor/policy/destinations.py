@@ -202,6 +202,19 @@ def parse(raw: str) -> list[Dest]:
     return [_parse_piece(s)]
 
 
+@lru_cache(maxsize=4096)
+def _parse_short(raw: str) -> tuple[Dest, ...]:
+    return tuple(parse(raw))
+
+
+def parse_cached(raw: str) -> tuple[Dest, ...]:
+    """``parse``, memoised for short values: a pure function of the string, and
+    the same recipients recur from call to call. ``Dest`` is immutable."""
+    if len(raw) <= 256:
+        return _parse_short(raw)
+    return tuple(parse(raw))
+
+
 def _parse_piece_if_address(part: str) -> list[Dest]:
     # text outside angle brackets is a display name unless it is itself an address
     part = part.strip().strip('"')

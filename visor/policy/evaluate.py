@@ -42,13 +42,13 @@ class Decision:
 class _Ctx:
     """Per-call facts computed at most once and shared by the checks."""
 
-    __slots__ = ("_paths", "call", "eff", "now", "policy", "prefix", "session", "view")
+    __slots__ = ("_now", "_paths", "call", "eff", "policy", "prefix", "session", "view")
 
-    def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime) -> None:
+    def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime | None) -> None:
         self.policy = policy
         self.session = session
         self.call = call
-        self.now = now
+        self._now = now
         self.eff: Effective = session.effective(call.tool)
         srv = session.server_entry
         self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
@@ -58,6 +58,13 @@ class _Ctx:
     @property
     def entry(self) -> ToolPolicy | None:
         return self.eff.entry
+
+    @property
+    def now(self) -> datetime:
+        """The clock, read once per call and only by the checks that need it."""
+        if self._now is None:
+            self._now = datetime.now(UTC)
+        return self._now
 
     def paths(self) -> list[tuple[str, str, tuple[str, ...]]]:
         """``(argument, raw, forms)`` for every path-like value; raises PathError."""
@@ -377,14 +384,38 @@ def check_egress(c: _Ctx) -> Decision | None:
 
 
 def check_chains(c: _Ctx) -> Decision | None:
+    # ``chains.chain_hit`` for every chain that is not "allow", with the
+    # name matching (a regex per sink and source) memoised per policy.
+    memo = _memo(c.policy)
+    key = (c.call.server, c.call.tool)
+    hits = memo.sink_chains.get(key)
+    if hits is None:
+        hits = tuple(
+            chain
+            for chain in c.policy.tool_chains
+            if chain.action != "allow" and any(s.matches(*key) for s in chain.sinks)
+        )
+        memo.remember(memo.sink_chains, key, hits)
+    if not hits:
+        return None
     window = c.policy.settings.chain_window_size
-    for chain in c.policy.tool_chains:
-        if chain.action == "allow":
-            continue
-        if chains.chain_hit(chain, c.session.history, window, c.call.server, c.call.tool):
-            return Decision(
-                chain.action, f"tool_chains[{chain.name}]", f"call completes the tool chain {chain.name!r}"
-            )
+    history = c.session.history
+    sources = memo.sources
+    for chain in hits:
+        w = chain.within_calls or window
+        recent = history[-w:] if w < len(history) else history
+        for entry in recent:
+            skey = (id(chain), entry)
+            hit = sources.get(skey)
+            if hit is None:
+                hit = any(src.matches(*entry) for src in chain.sources)
+                memo.remember(sources, skey, hit)
+            if hit:
+                return Decision(
+                    chain.action,
+                    f"tool_chains[{chain.name}]",
+                    f"call completes the tool chain {chain.name!r}",
+                )
     return None
 
 
@@ -469,6 +500,37 @@ _SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
 _PLANS: dict[int, tuple[Policy, tuple[Check, ...]]] = {}
 
 
+class _Memo:
+    """Name matching results for one policy (policies are immutable). Bounded:
+    tool and server names come from the client."""
+
+    __slots__ = ("sink_chains", "sources")
+    CAP = 4096
+
+    def __init__(self) -> None:
+        self.sink_chains: dict[tuple[str, str], tuple] = {}
+        self.sources: dict[tuple[int, tuple[str, str]], bool] = {}
+
+    def remember(self, table: dict, key: object, value: object) -> None:
+        if len(table) >= self.CAP:
+            table.clear()
+        table[key] = value
+
+
+_MEMOS: dict[int, tuple[Policy, _Memo]] = {}
+
+
+def _memo(policy: Policy) -> _Memo:
+    hit = _MEMOS.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    if len(_MEMOS) > 64:
+        _MEMOS.clear()
+    memo = _Memo()
+    _MEMOS[id(policy)] = (policy, memo)
+    return memo
+
+
 def _plan(policy: Policy) -> tuple[Check, ...]:
     hit = _PLANS.get(id(policy))
     if hit is not None and hit[0] is policy:
@@ -493,7 +555,7 @@ def evaluate(
     already approved for this very call: they pass, so that the next
     question, if any, surfaces instead of hiding behind the first.
     """
-    ctx = _Ctx(policy, session, call, now if now is not None else datetime.now(UTC))
+    ctx = _Ctx(policy, session, call, now)
     pending: Decision | None = None
     for check in _plan(policy):
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 
 from visor.policy import destinations as dst
 from visor.policy.paths import snake
@@ -191,13 +192,13 @@ class CallView:
         self._commands: list[tuple[str, list[str], list[str]]] | None = None
         self._queries: list[tuple[str, list[str], list[str]]] | None = None
         self._recipients: list[str] | None = None
-        self._parsed: dict[str, list[dst.Dest]] = {}
+        self._parsed: dict[str, tuple[dst.Dest, ...]] = {}
 
-    def parse(self, value: str) -> list[dst.Dest]:
+    def parse(self, value: str) -> tuple[dst.Dest, ...]:
         """``destinations.parse``, memoised for this call (several checks read the same value)."""
         hit = self._parsed.get(value)
         if hit is None:
-            hit = dst.parse(value)
+            hit = dst.parse_cached(value)
             self._parsed[value] = hit
         return hit
 
@@ -206,27 +207,45 @@ class CallView:
             self._recipients = recipient_values(self.args)
         return self._recipients
 
-    def commands(self) -> list[tuple[str, list[str], list[str]]]:
+    def commands(self) -> list[Split]:
         """``(command, parts, texts a deny pattern must not match)`` per command argument."""
         if self._commands is None:
-            out = []
-            for cmd in named_strings(self.args, COMMAND_ARGS):
-                parts = split_command(cmd)
-                texts = [v for piece in (cmd, *parts) for v in _variants(piece)]
-                out.append((cmd, parts, texts))
-            self._commands = out
+            self._commands = [_memo(_command_split, cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
         return self._commands
 
-    def queries(self) -> list[tuple[str, list[str], list[str]]]:
+    def queries(self) -> list[Split]:
         if self._queries is None:
-            out = []
-            for q in named_strings(self.args, QUERY_ARGS):
-                stripped = _SQL_COMMENT.sub(" ", q)
-                statements = split_sql(q)
-                texts = list(dict.fromkeys([q, stripped, *statements, *split_sql(stripped)]))
-                out.append((q, statements, texts))
-            self._queries = out
+            self._queries = [_memo(_query_split, q) for q in named_strings(self.args, QUERY_ARGS)]
         return self._queries
+
+
+Split = tuple[str, tuple[str, ...], tuple[str, ...]]
+
+
+def _command_split(cmd: str) -> Split:
+    parts = split_command(cmd)
+    texts = [v for piece in (cmd, *parts) for v in _variants(piece)]
+    return cmd, tuple(parts), tuple(texts)
+
+
+def _query_split(q: str) -> Split:
+    stripped = _SQL_COMMENT.sub(" ", q)
+    statements = split_sql(q)
+    texts = dict.fromkeys([q, stripped, *statements, *split_sql(stripped)])
+    return q, tuple(statements), tuple(texts)
+
+
+_cached_command_split = lru_cache(maxsize=1024)(_command_split)
+_cached_query_split = lru_cache(maxsize=1024)(_query_split)
+_CACHED = {_command_split: _cached_command_split, _query_split: _cached_query_split}
+
+
+def _memo(fn: Callable[[str], Split], text: str) -> Split:
+    """``fn(text)``, memoised for texts up to 1 KB: the split is a pure function
+    of the text, and an agent sends the same commands and queries again."""
+    if len(text) <= 1024:
+        return _CACHED[fn](text)
+    return fn(text)
 
 
 # ------------------------------------------------------------ checks
