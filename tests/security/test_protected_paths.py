@@ -77,3 +77,18 @@ def test_other_strings_pass(tmp_path: Path, prot: Protected, text: str) -> None:
 def test_empty_protects_nothing() -> None:
     assert not Protected()
     assert Protected().named_by({"p": os.getcwd()}) is None
+
+
+def test_a_protected_directory_renamed_after_start_up_is_still_protected(
+    tmp_path: Path, prot: Protected
+) -> None:
+    # The agent renames a parent (which names nothing protected), then reaches
+    # the pending files through the new name.
+    (tmp_path / "approvals" / "x.pending").write_text("{}")
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "approvals").rename(home / "approvals")
+    moved = home.rename(tmp_path / "elsewhere")
+    assert prot.named_by({"p": f"{moved}/approvals/x.pending"})
+    assert prot.named_by({"p": f"{moved}/approvals"})
+    assert prot.named_by({"p": f"{moved}"}) is None  # its parent is not ours

@@ -74,26 +74,29 @@ def check(path: Path) -> None:
         )
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    """Write `data` to a new file at `path`, all or nothing, never replacing one that exists."""
+def _write_new(path: Path, data: bytes, dir_fd: int | None = None) -> None:
+    """Write `data` to a new file at `path`, all or nothing, never replacing one that exists.
+
+    With `dir_fd`, `path` is a bare name inside that open directory.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{model.new_approval_id()[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         # link() fails if the name exists: the first answer wins, none is overwritten.
-        os.link(tmp, path)
+        os.link(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
 
 
-def _read_small(path: Path) -> tuple[bytes, int] | None:
+def _read_small(path: Path, dir_fd: int | None = None) -> tuple[bytes, int] | None:
     """(content, owner uid) of a regular file, never following a symlink; None if absent/unusable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -109,6 +112,11 @@ def _read_small(path: Path) -> tuple[bytes, int] | None:
         return b"".join(chunks), st.st_uid
     finally:
         os.close(fd)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
 
 
 def _user(uid: int) -> str:
@@ -136,18 +144,29 @@ class DirectoryChannel:
         self.path = path
         self._waiting: dict[str, _Waiting] = {}
         self._poller: asyncio.Task[None] | None = None
+        # The directory checked at start-up, held open: every file is made and
+        # read relative to it, so renaming it or putting another directory (or
+        # a symlink) at its path later redirects nothing.
+        try:
+            self._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise DirectoryError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        st = os.fstat(self._dir_fd)
+        if (st.st_dev, st.st_ino) != _identity(path):
+            os.close(self._dir_fd)
+            raise DirectoryError(f"{path} changed while it was being checked")
 
     def _pending_path(self, approval_id: str) -> Path:
-        return self.path / f"{approval_id}.pending"
+        return Path(f"{approval_id}.pending")
 
     def _answer_path(self, approval_id: str) -> Path:
-        return self.path / f"{approval_id}.answer"
+        return Path(f"{approval_id}.answer")
 
     async def ask(self, req: ApprovalRequest) -> ApprovalAnswer | None:
         """Publish `req` and wait for its answer; the pending file goes when the wait ends."""
         loop = asyncio.get_running_loop()
         try:
-            _write_new(self._pending_path(req.id), model.pending_record(req, os.getpid()))
+            _write_new(self._pending_path(req.id), model.pending_record(req, os.getpid()), self._dir_fd)
         except OSError as exc:
             from visor.logs import get_logger
 
@@ -166,7 +185,7 @@ class DirectoryChannel:
     def _withdraw(self, approval_id: str) -> None:
         for p in (self._pending_path(approval_id), self._answer_path(approval_id)):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
+                os.unlink(p, dir_fd=self._dir_fd)
 
     async def _poll(self) -> None:
         # One task for every waiting call, not a thread per call: a stat-sized
@@ -182,7 +201,7 @@ class DirectoryChannel:
 
     def _check(self, req: ApprovalRequest) -> ApprovalAnswer | None:
         path = self._answer_path(req.id)
-        found = _read_small(path)
+        found = _read_small(path, self._dir_fd)
         if found is None:
             return None
         data, uid = found
@@ -194,7 +213,7 @@ class DirectoryChannel:
 
             get_logger("visor.approval").warning("approval_answer_refused", id=req.id, owner_uid=uid)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(path, dir_fd=self._dir_fd)
             return None
         approved, remember = choice
         return ApprovalAnswer(approved, remember, "directory", _user(uid), f"{req.id}.answer")

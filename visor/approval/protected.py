@@ -31,12 +31,24 @@ class Protected:
 
     dirs: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
+    # (st_dev, st_ino) of the directories that exist: a directory renamed
+    # after start-up (or reached by a parent's new name) is still itself.
+    dir_ids: frozenset[tuple[int, int]] = frozenset()
 
     @classmethod
     def of(cls, dirs: Iterable[os.PathLike[str] | str], files: Iterable[os.PathLike[str] | str]) -> Protected:
+        real_dirs = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs}))
+        ids = set()
+        for d in real_dirs:
+            try:
+                st = os.stat(d)
+            except OSError:
+                continue
+            ids.add((st.st_dev, st.st_ino))
         return cls(
-            tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs})),
+            real_dirs,
             tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files})),
+            frozenset(ids),
         )
 
     def __bool__(self) -> bool:
@@ -85,7 +97,23 @@ class Protected:
         for d in self.dirs:
             if real == d or real.startswith(d.rstrip("/") + "/"):
                 return True
-        return any(real == f or real.startswith(f + ".") for f in self.files)
+        if any(real == f or real.startswith(f + ".") for f in self.files):
+            return True
+        if self.dir_ids:
+            path = real
+            while True:
+                try:
+                    st = os.lstat(path)
+                except (OSError, ValueError):
+                    pass
+                else:
+                    if (st.st_dev, st.st_ino) in self.dir_ids:
+                        return True
+                parent = os.path.dirname(path)
+                if parent == path:
+                    return False
+                path = parent
+        return False
 
 
 def _forms(word: str) -> Iterable[str]:
