@@ -79,6 +79,28 @@ def _extra_tools() -> list[dict[str, Any]]:
     return [{"name": n, "description": n, "inputSchema": {"type": "object"}} for n in names]
 
 
+def _fresh_rows(policy: Any, session: Any) -> dict[str, float]:
+    """Evaluator rows where every call is new (the calls are freed afterwards,
+    so that they do not weigh on the garbage collector in later rows)."""
+    from visor.policy.evaluate import ToolCall, evaluate
+
+    out: dict[str, float] = {}
+    n = 2000 * 6 + 1
+    shells = iter(
+        [ToolCall("bench", "shell_exec", {"command": f"git status && ls /srv/d{i}"}) for i in range(n)]
+    )
+    out["evaluator: 30-rule policy, shell command, a new command every call"] = per_call_ns(
+        lambda: evaluate(policy, session, next(shells)), repeat=5, number=2000
+    )
+    sends = iter(
+        [ToolCall("bench", "send_email", {"to": f"boss{i}@example.com", "body": "x"}) for i in range(n)]
+    )
+    out["evaluator: 30-rule policy, send to a new address every call (ask)"] = per_call_ns(
+        lambda: evaluate(policy, session, next(sends)), repeat=5, number=2000
+    )
+    return out
+
+
 def run_micro(outputs: int = 10_000) -> dict[str, float]:
     from visor.audit import record
     from visor.policy import destinations
@@ -110,6 +132,8 @@ def run_micro(outputs: int = 10_000) -> dict[str, float]:
     results["evaluator: 30-rule policy, shell command split and matched"] = per_call_ns(
         lambda: evaluate(policy, session, shell)
     )
+    # The rows above repeat one call, so per-text memos always hit; these do not.
+    results.update(_fresh_rows(policy, session))
     start = time.perf_counter()
     policy, session = bench_session(outputs)
     results[f"provenance: indexing one 4 KB output (mean of {outputs})"] = (
@@ -122,6 +146,30 @@ def run_micro(outputs: int = 10_000) -> dict[str, float]:
     results[f"evaluator: send to an address seen in output #77 of {outputs} (deny)"] = per_call_ns(
         lambda: evaluate(policy, session, tainted)
     )
+    big = "x" * (1 << 20)
+    results["provenance: indexing a 1 MiB text of one letter"] = per_call_ns(
+        lambda: destinations.OutputIndex().add(big), repeat=5, number=5
+    )
+    prose = (
+        "The quarterly report for 2025-Q3 lists 1,234 open items; see section 4.2 and the notes. " * 12_000
+    )[: 1 << 20]
+    results["provenance: indexing a 1 MiB text of prose with numbers"] = per_call_ns(
+        lambda: destinations.OutputIndex().add(prose), repeat=5, number=5
+    )
+    small = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+    results["provenance: observe_output of a small result"] = per_call_ns(
+        lambda: session.observe_output("echo", small)
+    )
+    from visor import redact
+
+    screen = redact.DEFAULT_REDACTOR.outputs
+    big_line = orjson.dumps(
+        {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": big}]}}
+    )
+    results["redaction pre-check: 1 MiB result line, no secret"] = per_call_ns(
+        lambda: screen.may_match(big_line), repeat=5, number=20
+    )
+    results["redaction pre-check: small result line"] = per_call_ns(lambda: screen.may_match(RESPONSE))
     dest = destinations.parse("Mallory <user9999@corp9999.example>")[0]
     results[f"provenance lookup alone after {outputs} outputs"] = per_call_ns(
         lambda: session.output.seen(dest)
