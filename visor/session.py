@@ -231,10 +231,13 @@ class SessionState:
         self.outputs_seen += 1
         stack: list[Any] = [result]
         add = self.output.add
+        # Plain words ("content", "text", "isError", "ok") hold no key: they
+        # are skipped here, before a call (OutputIndex.add would return at once).
         while stack:
             v = stack.pop()
             if isinstance(v, str):
-                add(v)
+                if not (v.isalpha() and v.isascii()):
+                    add(v)
             elif isinstance(v, dict):
                 # binary payloads hold no readable destination
                 binary = "mimeType" in v and v.get("type") in ("image", "audio")
@@ -243,9 +246,13 @@ class SessionState:
                         continue
                     if k == "blob" and isinstance(item, str):
                         continue
-                    if isinstance(k, str):
+                    if isinstance(k, str) and not (k.isalpha() and k.isascii()):
                         add(k)
-                    stack.append(item)
+                    if isinstance(item, str):
+                        if not (item.isalpha() and item.isascii()):
+                            add(item)
+                    elif isinstance(item, dict | list):
+                        stack.append(item)
             elif isinstance(v, list):
                 stack.extend(v)
 

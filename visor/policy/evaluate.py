@@ -42,7 +42,7 @@ class Decision:
 class _Ctx:
     """Per-call facts computed at most once and shared by the checks."""
 
-    __slots__ = ("_now", "_paths", "call", "eff", "policy", "prefix", "session", "view")
+    __slots__ = ("_now", "_paths", "_view", "call", "eff", "policy", "prefix", "session")
 
     def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime | None) -> None:
         self.policy = policy
@@ -53,7 +53,13 @@ class _Ctx:
         srv = session.server_entry
         self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
         self._paths: list[tuple[str, str, tuple[str, ...]]] | None = None
-        self.view = rules.CallView(call.arguments)
+        self._view: rules.CallView | None = None
+
+    @property
+    def view(self) -> rules.CallView:
+        if self._view is None:
+            self._view = rules.CallView(self.call.arguments)
+        return self._view
 
     @property
     def entry(self) -> ToolPolicy | None:
