@@ -337,3 +337,16 @@ def test_property_wrap_then_undo_is_identity(servers: dict, indent: object, trai
     for name, entry in servers.items():
         assert data[name] == wrapped_value(entry, name, OPTIONS)
     assert undo(wrapped) == text
+
+
+def test_a_marked_entry_whose_command_is_not_visor_is_reported_unprotected() -> None:
+    # Someone edited the command but left the marker: init must not call it wrapped.
+    from visor.install.configs import WrapOptions, load_text, plan_wrap
+
+    text = (
+        '{"mcpServers": {"mail": {"command": "npx", "args": ["mail-mcp"], '
+        '"x-visor-upstream": {"command": "npx", "args": ["mail-mcp"]}}}}\n'
+    )
+    plan = plan_wrap(load_text(text, "c.json"), None, WrapOptions())
+    ((_entry, note),) = plan.skipped
+    assert "NOT PROTECTED" in note and not plan.changed

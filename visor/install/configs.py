@@ -332,6 +332,16 @@ def plan_wrap(config: Config, names: list[str] | None, options: WrapOptions) -> 
             node = e.member.value
             edits.append((node.start, node.end, _wrapped_text(text, e, options)))
             changed.append(e)
+        elif e.kind == "wrapped" and not _is_visor_command(e.value):
+            # The marker is there, the protection is not: someone edited the
+            # command. Saying "already wrapped" here would hide that.
+            skipped.append(
+                (
+                    e,
+                    f"NOT PROTECTED: has {UPSTREAM_KEY} but its command is not `visor run`; "
+                    f"run `visor init --undo --server {e.name}`, then wrap it again",
+                )
+            )
         elif e.kind == "wrapped":
             skipped.append((e, "already wrapped; left alone"))
         else:

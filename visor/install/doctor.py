@@ -168,6 +168,14 @@ class Doctor:
                 "fix the args in the entry",
             )
             return
+        if args.no_checks or args.unsafe_no_fsync:
+            switched = "--no-checks" if args.no_checks else "--unsafe-no-fsync"
+            self.add(
+                "FAIL",
+                subject,
+                f"wrapped with {switched}: measuring options that switch protection off",
+                f"remove {switched} from the entry's args",
+            )
 
         up = value.get(UPSTREAM_KEY)
         if isinstance(up, dict) and command_line(up) and command_line(up) != upstream:

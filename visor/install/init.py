@@ -22,6 +22,7 @@ from visor.install.configs import (
     load_text,
     plan_undo,
     plan_wrap,
+    wrapped_run_args,
 )
 
 if TYPE_CHECKING:
@@ -298,6 +299,8 @@ def run_list() -> int:
                 "remote": "remote (not covered)",
                 "other": "unknown",
             }[e.kind]
+            if e.kind == "wrapped" and wrapped_run_args(e.value) is None:
+                state = "NOT PROTECTED"
             print(f"  {e.label:<24} {state:<21} {e.summary()}")
     if not found:
         print("no MCP client configs found; give one with `visor init --config FILE`")
