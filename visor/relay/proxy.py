@@ -706,6 +706,14 @@ class Relay:
             if msg.id in pending:
                 log.warning("server_request_duplicate_id", id=repr(msg.id))
                 return
+            if len(pending) >= self.config.max_pending:
+                # A client that never answers must not let the table grow without bound.
+                self.to_server.write(
+                    errors.error_response(
+                        msg.id, errors.INTERNAL_ERROR, "too many requests waiting for the client"
+                    )
+                )
+                return
             if msg.method in _GATED_SERVER_METHODS:
                 try:
                     refusal = self.gate.on_server_request(msg)
