@@ -342,6 +342,8 @@ _PHONE_TABLE = bytes(
     for c in range(256)
 )
 _PHONE_RUN = re.compile(rb"0(?: *0){6}")
+# The bytes that map to " ": deleted, a run with seven digits becomes "0000000".
+_PHONE_GAPS = bytes(c for c in range(256) if _PHONE_TABLE[c] == ord(" "))
 # What may stand in the local part of an address (_EMAIL_RE's first class).
 # A chunk holds no whitespace, so these are the only characters that end one.
 _NOT_LOCAL = "@<>()[]\\,;:\"'`"
@@ -450,9 +452,10 @@ class OutputIndex:
             # C-speed passes find the runs that hold seven digits; the
             # regex runs on those runs only (the same matches: no match
             # crosses an "x", and scanning starts afresh after one).
-            t = v.encode("ascii").translate(_PHONE_TABLE)
-            if t.count(b"0") < 7:
-                return
+            raw = v.encode("ascii")
+            if b"0000000" not in raw.translate(_PHONE_TABLE, _PHONE_GAPS):
+                return  # no run holds seven digits: one translate and one search said so
+            t = raw.translate(_PHONE_TABLE)
             pos = 0
             search = _PHONE_RUN.search
             while True:
