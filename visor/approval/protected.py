@@ -24,6 +24,9 @@ from urllib.parse import unquote
 # command line, a redirect, an option `--out=PATH`, a quoted name).
 _WORDS = re.compile(r"[\s<>|;&'\"`=(),]+")
 
+# id(Protected) -> (the instance, working directory, whether a bare name there is protected)
+_LOOSE: dict[int, tuple[Protected, str, bool]] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class Protected:
@@ -57,7 +60,16 @@ class Protected:
     def named_by(self, arguments: Any) -> str | None:
         """The first argument string that names a protected location, or None."""
         cwd = os.getcwd()
-        loose = self._covers(os.path.realpath(cwd))  # a bare file name may be one of ours
+        cached = _LOOSE.get(id(self))
+        if cached is not None and cached[0] is self and cached[1] == cwd:
+            loose = cached[2]
+        else:
+            # Resolving the working directory walks the file system; it is the
+            # same on every call, so it is done once per directory, not per call.
+            loose = self._covers(os.path.realpath(cwd))  # a bare file name may be one of ours
+            if len(_LOOSE) > 64:
+                _LOOSE.clear()
+            _LOOSE[id(self)] = (self, cwd, loose)
         stack = [arguments]
         while stack:
             node = stack.pop()
