@@ -111,6 +111,9 @@ class Gate:
         """The client cancelled a call that has not been forwarded; True if one was waiting."""
         return False
 
+    def on_withdrawn(self, msg: Message) -> None:
+        """An allowed call was cancelled by the client before it was relayed; it never ran."""
+
     def attach_client(self, link: ClientLink) -> None:
         """The relay's channel for Visor's own requests to the client (elicitation, progress)."""
 
@@ -441,6 +444,20 @@ class PolicyGate(Gate):
             event["who"] = answer.who
         if answer.detail is not None:
             event["detail"] = answer.detail
+        self._append(event)
+
+    def on_withdrawn(self, msg: Message) -> None:
+        # The allow is on record; this says the call never reached the server.
+        allow_seq, _ = self._inflight.pop(msg.id, (None, None))
+        event: dict[str, Any] = {
+            "event": "result",
+            "server": self.server,
+            "tool": msg.tool,
+            "id": msg.id,
+            "outcome": "cancelled_before_relay",
+        }
+        if allow_seq is not None:
+            event["allow_seq"] = allow_seq
         self._append(event)
 
     def cancel(self, request_id: Any) -> bool:

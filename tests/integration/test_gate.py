@@ -329,3 +329,26 @@ def test_identity_limits_the_tools_and_an_unknown_identity_refuses_to_start(tmp_
         vp.kill()
     bad = VisorProcess([sys.executable, str(RECORDER)], visor_args=[*args, "--identity", "nobody"])
     assert bad.wait() == 1 and "identity 'nobody'" in bad.stderr
+
+
+def test_a_call_cancelled_while_its_allow_is_being_committed_never_runs(tmp_path: Path) -> None:
+    vp, log, audit = _start(tmp_path)
+    try:
+        call = {
+            "jsonrpc": "2.0",
+            "id": 77,
+            "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"x": 1}},
+        }
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}}
+        # One write: the cancel is read in the same callback, before the commit can return.
+        vp.send((json.dumps(call) + "\n" + json.dumps(cancel) + "\n").encode())
+        sentinel(vp)
+        assert vp.no_output(0.3)  # no answer to the cancelled request
+        assert not any(b"tools/call" in line for line in received(log))
+    finally:
+        vp.kill()
+    records = _records(audit)
+    allow = next(r for r in records if r["event"] == "allow" and r["id"] == 77)
+    result = next(r for r in records if r["event"] == "result" and r["id"] == 77)
+    assert result["outcome"] == "cancelled_before_relay" and result["allow_seq"] == allow["seq"]

@@ -539,12 +539,21 @@ class Relay:
                 )
             else:
                 result = fut.result()
-            if type(result) is Forward and self.state.client_pending.get(msg.id) is entry:
+            if self.state.client_pending.get(msg.id) is not entry:
+                # Cancelled by the client while it waited: nothing goes anywhere.
+                if type(result) is Forward:
+                    log.info("withdrawn_before_relay", request_id=repr(msg.id), tool=msg.tool)
+                    try:
+                        self.gate.on_withdrawn(msg)
+                    except Exception:
+                        log.exception("gate_failed", tool=msg.tool)
+                out.set_result(None)
+                return
+            if type(result) is Forward:
                 entry.forwarded = True
                 out.set_result(result.line)
                 return
-            if self.state.client_pending.get(msg.id) is entry:
-                del self.state.client_pending[msg.id]
+            del self.state.client_pending[msg.id]
             if type(result) is Answer:
                 self.to_client.write(result.line)
             out.set_result(None)
@@ -589,8 +598,10 @@ class Relay:
             entry = self.state.client_pending.get(target) if is_valid_id(target) else None
             if entry is None or not entry.forwarded:
                 # The server never saw that request: there is nothing for it to
-                # cancel, but a call waiting in Visor stops waiting.
+                # cancel. A call waiting in Visor (for a human, or for its audit
+                # commit) is withdrawn: it is never relayed and never answered.
                 if entry is not None:
+                    del self.state.client_pending[target]
                     try:
                         self.gate.cancel(target)
                     except Exception:
