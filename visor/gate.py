@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from visor.approval.model import arguments_digest, make_request, remember_scope
 from visor.approval.protected import Protected
 from visor.audit.writer import AuditUnhealthy
-from visor.gating import DataGuard
+from visor.gating import DENIED_REQUEST, DataGuard
 from visor.logs import get_logger
 from visor.policy.evaluate import Decision, ToolCall, evaluate
 from visor.wire import errors
@@ -513,6 +513,28 @@ class PolicyGate(Gate):
         return self.guard.hide_tools(self.session, response)
 
     def on_client_request(self, msg: Message) -> bytes | None:
+        params = msg.obj.get("params")
+        if self.protected and type(params) is dict and self.protected.named_by(params) is not None:
+            # A resource read of a pending approval file would hand the agent the
+            # hash an answer must carry: Visor's own files are nobody's resource.
+            reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"
+            self._append(
+                {
+                    "event": "deny",
+                    "server": self.server,
+                    "method": msg.method,
+                    "id": msg.id,
+                    "rule": "visor.protected_path",
+                    "reason": reason,
+                    "policy": self.policy.sha256,
+                }
+            )
+            return errors.error_response(
+                msg.id,
+                DENIED_REQUEST,
+                f"Visor denied {msg.method}: {reason} (rule: visor.protected_path)",
+                {"visor": {"rule": "visor.protected_path"}},
+            )
         return self.guard.client_request(msg)
 
     def on_response(self, method: str, response: Message) -> bytes | None:

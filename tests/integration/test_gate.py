@@ -352,3 +352,27 @@ def test_a_call_cancelled_while_its_allow_is_being_committed_never_runs(tmp_path
     allow = next(r for r in records if r["event"] == "allow" and r["id"] == 77)
     result = next(r for r in records if r["event"] == "result" and r["id"] == 77)
     assert result["outcome"] == "cancelled_before_relay" and result["allow_seq"] == allow["seq"]
+
+
+def test_a_resource_read_of_visors_own_files_is_denied(tmp_path: Path) -> None:
+    adir = tmp_path / "approvals"
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    log = tmp_path / "received.jsonl"
+    vp = VisorProcess(
+        [sys.executable, str(RECORDER)],
+        env={"RECORDER_LOG": str(log)},
+        visor_args=[
+            "--server-name", "rec", "--policy", str(policy_file),
+            "--audit-log", str(tmp_path / "audit.jsonl"), "--approval-dir", str(adir),
+        ],
+    )  # fmt: skip
+    try:
+        for i, uri in enumerate([f"file://{adir}/x.pending", f"file://{tmp_path}/audit.jsonl"]):
+            vp.request({"jsonrpc": "2.0", "id": i, "method": "resources/read", "params": {"uri": uri}})
+            resp = vp.recv()
+            assert resp["id"] == i and resp["error"]["data"]["visor"]["rule"] == "visor.protected_path"
+        sentinel(vp)
+        assert not any(b"resources/read" in line for line in received(log))
+    finally:
+        vp.kill()
