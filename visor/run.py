@@ -59,7 +59,7 @@ class StartupError(Exception):
 
 
 def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
-    from visor.audit.writer import AuditError, AuditWriter, new_session_id
+    from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.pinfile import read_pins, write_pins
     from visor.policy.loader import PolicyError, load_default_policy, load_policy
     from visor.session import SessionState
@@ -88,16 +88,29 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
             write_pins(pin_path, data)
 
-    audit_path = Path(args.audit_log) if args.audit_log else default_audit_path_for(args.server_name, command)
-    try:
-        audit = AuditWriter.open(
-            audit_path,
-            session=new_session_id(),
-            max_bytes=args.audit_max_bytes,
-            durable=not args.unsafe_no_fsync,
-        )
-    except AuditError as exc:
-        raise StartupError(f"audit log refused: {exc}") from exc
+    if args.audit_log:
+        candidates = [Path(args.audit_log)]
+    else:
+        # Two clients may start the same wrapped server at once; a log has one
+        # writer, so the second takes the next default name rather than failing.
+        base = default_audit_path_for(args.server_name, command)
+        candidates = [base] + [base.with_name(f"{base.stem}-{n}.jsonl") for n in range(2, 17)]
+    audit = None
+    for audit_path in candidates:
+        try:
+            audit = AuditWriter.open(
+                audit_path,
+                session=new_session_id(),
+                max_bytes=args.audit_max_bytes,
+                durable=not args.unsafe_no_fsync,
+            )
+            break
+        except AuditLogBusy as exc:
+            if audit_path == candidates[-1]:
+                raise StartupError(f"audit log refused: {exc}") from exc
+        except AuditError as exc:
+            raise StartupError(f"audit log refused: {exc}") from exc
+    assert audit is not None
     return PolicyGate(
         policy=policy,
         session=session,

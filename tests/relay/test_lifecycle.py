@@ -107,3 +107,18 @@ def test_run_help_never_touches_stdout() -> None:
         proc = subprocess.run([sys.executable, "-m", "visor.cli", *args], capture_output=True, timeout=30)
         assert proc.stdout == b"", args
         assert proc.stderr
+
+
+def test_two_sessions_of_one_server_get_a_log_each(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {"VISOR_HOME": str(home)}
+    first = VisorProcess([sys.executable, str(RECORDER)], visor_args=["--server-name", "rec"], env=env)
+    second = VisorProcess([sys.executable, str(RECORDER)], visor_args=["--server-name", "rec"], env=env)
+    try:
+        sentinel(first)
+        sentinel(second)  # both started: neither refused the other's log
+    finally:
+        first.kill()
+        second.kill()
+    logs = sorted(p.name for p in (home / "audit").glob("*.jsonl"))
+    assert logs == ["rec-2.jsonl", "rec.jsonl"]

@@ -56,6 +56,10 @@ class AuditError(Exception):
     """The log cannot be opened; the message names the file, the line and the fix."""
 
 
+class AuditLogBusy(AuditError):
+    """Another Visor process appends to this log."""
+
+
 class AuditUnhealthy(Exception):
     """A write or fsync failed (or the writer is closed); nothing more is committed."""
 
@@ -126,7 +130,7 @@ def acquire_lock(path: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
         os.close(fd)
-        raise AuditError(
+        raise AuditLogBusy(
             f"{path}: the audit log is in use by another Visor process (pid {holder}). "
             "Only one process may append to a log; give each `visor run` its own audit path."
         ) from None
