@@ -376,3 +376,39 @@ def test_a_resource_read_of_visors_own_files_is_denied(tmp_path: Path) -> None:
         assert not any(b"resources/read" in line for line in received(log))
     finally:
         vp.kill()
+
+
+def test_a_crash_at_any_moment_never_leaves_a_relayed_call_without_its_allow(tmp_path: Path) -> None:
+    """Kill Visor outright at varying moments around a call: whenever the server
+    has seen the call, the allow record is already on disk."""
+    import random
+    import time
+
+    rng = random.Random(1234)
+    seen_by_server = 0
+    for round_no in range(12):
+        work = tmp_path / f"round-{round_no}"
+        work.mkdir()
+        vp, log, audit = _start(work)
+        msg_id = 5000 + round_no
+        vp.request(
+            {
+                "jsonrpc": "2.0",
+                "id": msg_id,
+                "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"n": round_no}},
+            }
+        )
+        time.sleep(rng.uniform(0, 0.004))
+        vp.proc.kill()  # SIGKILL: no clean shutdown, no flush
+        vp.proc.wait(10)
+        time.sleep(0.05)  # the server dies with Visor (parent-death signal); let it finish writing its log
+        server_saw = any(
+            f'"id":{msg_id}'.encode() in line or f'"id": {msg_id}'.encode() in line for line in received(log)
+        )
+        if server_saw:
+            seen_by_server += 1
+            allows = [r for r in _records(audit) if r.get("event") == "allow" and r.get("id") == msg_id]
+            assert allows, f"round {round_no}: the server ran call {msg_id} with no allow on disk"
+    # The test means something only if some kills landed after the relay.
+    assert seen_by_server > 0
