@@ -175,3 +175,28 @@ def test_elicitation_only_accept_with_approve_approves() -> None:
         _resp([]),
     ):
         assert parse(bad, req, None) is None
+
+
+def test_expired_requests_left_by_a_killed_visor_are_swept_at_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import time
+
+    from visor.approval import model
+    from visor.approval.directory import DirectoryChannel
+
+    adir = tmp_path / "approvals"
+    adir.mkdir(mode=0o700)
+
+    def request(now: float) -> model.ApprovalRequest:
+        return model.make_request(
+            server="s", tool="send_email", arguments={"to": "a@b.example"}, request_id=1, session="x" * 16,
+            rule="provenance.unknown_destination", reason="r", destination="email:a@b.example", argument="to",
+            now=now, timeout=5,
+        )  # fmt: skip
+
+    old, fresh = request(time.time() - 3600), request(time.time())
+    for req in (old, fresh):
+        (adir / f"{req.id}.pending").write_bytes(model.pending_record(req, os.getpid()))
+    (adir / f"{old.id}.answer").write_text("{}")
+    DirectoryChannel(adir)
+    assert sorted(p.name for p in adir.iterdir()) == [f"{fresh.id}.pending"]

@@ -155,6 +155,26 @@ class DirectoryChannel:
         if (st.st_dev, st.st_ino) != _identity(path):
             os.close(self._dir_fd)
             raise DirectoryError(f"{path} changed while it was being checked")
+        self._sweep_expired()
+
+    def _sweep_expired(self) -> None:
+        """Remove requests that expired (a Visor killed while a call waited leaves them).
+
+        An expired request was denied when it timed out, so its files can only
+        mislead a human reading the directory; an answer to it would be refused anyway.
+        """
+        now = time.time()
+        for name in os.listdir(self._dir_fd):
+            if not name.endswith(".pending") or not model.valid_id(name[: -len(".pending")]):
+                continue
+            found = _read_small(Path(name), self._dir_fd)
+            record = model.parse_pending(found[0]) if found else None
+            expires = record.get("expires") if record else None
+            if type(expires) in (int, float) and expires < now:
+                stem = name[: -len(".pending")]
+                for leftover in (name, f"{stem}.answer"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(leftover, dir_fd=self._dir_fd)
 
     def _pending_path(self, approval_id: str) -> Path:
         return Path(f"{approval_id}.pending")
