@@ -66,6 +66,16 @@ def test_rejected_with_null_id_or_dropped(
     ("line", "code", "msg_id"),
     [
         (b'{"jsonrpc":"1.0","id":7,"method":"ping"}', -32600, 7),
+        (
+            '{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo","arguments":{"s":"a\u2028b"}}}'.encode(),
+            -32600,
+            9,
+        ),
+        (
+            b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"echo","arguments":{"n":18446744073709551616}}}',
+            -32600,
+            10,
+        ),
         (b'{"jsonrpc":"2.0","id":7,"method":5}', -32600, 7),
         (b'{"jsonrpc":"2.0","id":7,"method":"ping","params":[1]}', -32600, 7),
         (
