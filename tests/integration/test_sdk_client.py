@@ -123,3 +123,52 @@ def test_real_reference_server_git_through_visor(tmp_path: Path) -> None:
     assert proxied == direct
     assert any("first commit" in t for t in direct["log"])
     assert "git_status" in direct["tools"]
+
+
+FILESYSTEM_SERVER = (
+    Path(__file__).parents[2] / ".venv" / "node" / "node_modules" / ".bin" / "mcp-server-filesystem"
+)
+
+
+async def _filesystem_scenario(params, root: str) -> dict:  # type: ignore[no-untyped-def]
+    from mcp import stdio_client
+
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        tools = await s.list_tools()
+        read = await s.call_tool("read_text_file", {"path": f"{root}/notes.txt"})
+        wrote = await s.call_tool("write_file", {"path": f"{root}/out.txt", "content": "written"})
+        env = await s.call_tool("read_text_file", {"path": f"{root}/.env"})
+        return {
+            "tools": sorted(t.name for t in tools.tools),
+            "read": [c.text for c in read.content],  # type: ignore[union-attr]
+            "wrote_error": wrote.is_error,
+            "env_error": env.is_error,
+            "env_text": " ".join(c.text for c in env.content),  # type: ignore[union-attr]
+        }
+
+
+def test_real_npm_filesystem_server_through_visor_with_the_default_policy(tmp_path: Path) -> None:
+    if not FILESYSTEM_SERVER.exists():
+        pytest.fail("the npm filesystem server is not installed; `make test` installs it")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "notes.txt").write_text("meeting at noon\n")
+    (root / ".env").write_text("API_KEY=not-for-the-agent\n")
+    real_root = str(root.resolve())
+    server = [str(FILESYSTEM_SERVER), real_root]
+    direct = anyio.run(_filesystem_scenario, direct_params(server), real_root)
+    (root / "out.txt").unlink()
+    proxied = anyio.run(
+        _filesystem_scenario,
+        visor_params(server, ["--server-name", "filesystem", "--audit-log", str(tmp_path / "a.jsonl")]),
+        real_root,
+    )
+    # Reads and writes inside the root work as without Visor...
+    assert proxied["tools"] == direct["tools"] and proxied["read"] == direct["read"] == ["meeting at noon\n"]
+    assert direct["wrote_error"] is False and proxied["wrote_error"] is False
+    assert (root / "out.txt").read_text() == "written"
+    # ...but the .env the server itself would hand over is denied by the default policy.
+    assert direct["env_error"] is False and "not-for-the-agent" in direct["env_text"]
+    assert proxied["env_error"] is True and "Visor denied" in proxied["env_text"]
+    assert "not-for-the-agent" not in proxied["env_text"]
