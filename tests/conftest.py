@@ -13,6 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check behaviour, never speed: a busy CI machine must not fail
+# them on a per-example deadline.
+settings.register_profile("visor", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("visor")
 
 TESTS = Path(__file__).parent
 RECORDER = TESTS / "servers" / "recorder.py"
