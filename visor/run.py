@@ -168,7 +168,6 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
     protect_stdio()
     assert _WIRE_IN is not None and _WIRE_OUT is not None
     config = RelayConfig(
-        server_name=args.server_name,
         max_message_bytes=args.max_message_bytes,
         shutdown_grace=args.shutdown_grace,
     )

@@ -1,8 +1,7 @@
 """A remembered approval survives the destination showing up in output later."""
 
+from tests.policy.helpers import policy_from, session_for
 from visor.policy.evaluate import ToolCall, evaluate
-from visor.policy.loader import load_policy_text
-from visor.session import SessionState
 
 POLICY = """
 version: "1.0"
@@ -19,10 +18,8 @@ servers:
 
 
 def _session() -> tuple:
-    policy = load_policy_text(POLICY)
-    session = SessionState(policy, "mail")
-    session.observe_tools_list({"tools": [{"name": "send_email", "inputSchema": {"type": "object"}}]})
-    return policy, session
+    policy = policy_from(POLICY)
+    return policy, session_for(policy, "mail")
 
 
 def test_approved_destination_echoed_by_the_tool_stays_approved() -> None:

@@ -351,7 +351,7 @@ def render_table(results: list[RowResult]) -> str:
 
 
 def check_targets(
-    rows: dict[str, RowResult], huge: dict[str, float], fsync_us: float, work: Workload
+    rows: dict[str, RowResult], huge: dict[str, float], fsync_us: float
 ) -> list[tuple[str, bool, str]]:
     direct = rows["direct"]
     floor = rows["byte relay (floor)"]
@@ -471,7 +471,7 @@ def run_bench(args: argparse.Namespace) -> int:
             f"\n{huge['bytes'] / (1 << 20):.0f} MiB line without newline: refused and the stream continued: "
             f"{bool(huge['refused_then_continued'])}; Visor peak RSS {huge['peak_rss_mb']:.1f} MB; {huge['seconds']:.1f} s"
         )
-        targets = check_targets({r.name: r for r in results}, huge, fsync_s * 1e6, work)
+        targets = check_targets({r.name: r for r in results}, huge, fsync_s * 1e6)
         print("\nTargets:")
         for name, ok, figure in targets:
             print(f"  [{'PASS' if ok else 'MISS'}] {name}: {figure}")

@@ -203,6 +203,11 @@ class WireClient:
                         self._cond.acquire()
             return self._responses.pop(msg_id)
 
+    def notify(self, method: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": method}).encode() + b"\n")
+        self.proc.stdin.flush()
+
     def request(self, method: str, params: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         return self.wait(self.send(method, params), **kw)
 
@@ -339,10 +344,7 @@ def _run(root: Path, paint: Paint, kept: bool) -> int:
                 "clientInfo": {"name": "visor-demo-agent", "version": "1"},
             },
         )
-        client.send_notification = None  # type: ignore[attr-defined]
-        assert client.proc.stdin is not None
-        client.proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-        client.proc.stdin.flush()
+        client.notify("notifications/initialized")
         client.request("tools/list")
         for step in STEPS:
             if step.relist:

@@ -48,7 +48,6 @@ _GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create
 
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
-    server_name: str = ""
     max_message_bytes: int = 16 * 1024 * 1024
     shutdown_grace: float = 5.0
     term_grace: float = 2.0
