@@ -22,6 +22,7 @@ from visor.approval.protected import Protected
 from visor.audit.writer import AuditUnhealthy
 from visor.gating import DENIED_REQUEST, DataGuard
 from visor.logs import get_logger
+from visor.policy import readings
 from visor.policy.evaluate import Decision, ToolCall, evaluate
 from visor.wire import errors
 from visor.wire.message import Message, Rejected
@@ -178,7 +179,7 @@ class PolicyGate(Gate):
             decision = Decision(
                 "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
             )
-        named = self.protected.named_by(msg.arguments) if self.protected else None
+        named = self._names_protected(msg.arguments)
         # The policy saw the original arguments; from here on (audit, server) only redacted ones.
         msg = self.guard.redact_call(msg)
         if named is not None:
@@ -194,6 +195,18 @@ class PolicyGate(Gate):
         if decision.action == "ask":
             return self._ask(msg, call, decision, ctx)
         return self._deny(msg, decision, ctx)
+
+    def _names_protected(self, value: dict[str, Any]) -> str | None:
+        """The string that names Visor's own files under any reading of ``value``
+        (JSON inside strings included, as a server that decodes them reads it)."""
+        if not self.protected:
+            return None
+        named = self.protected.named_by(value)
+        if named is None:
+            decoded = readings.every_decoding(value)
+            if decoded is not None:
+                named = self.protected.named_by(decoded)
+        return named
 
     def _deny(self, msg: Message, decision: Decision, ctx: CallContext) -> Answer:
         self._record(msg, "deny", decision)
@@ -514,7 +527,7 @@ class PolicyGate(Gate):
 
     def on_client_request(self, msg: Message) -> bytes | None:
         params = msg.obj.get("params")
-        if self.protected and type(params) is dict and self.protected.named_by(params) is not None:
+        if type(params) is dict and self._names_protected(params) is not None:
             # A resource read of a pending approval file would hand the agent the
             # hash an answer must carry: Visor's own files are nobody's resource.
             reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from visor.policy import chains
+from visor.policy import chains, readings
 from visor.policy import destinations as dst
 from visor.policy.loader import build_plan, build_screens
 from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
@@ -117,6 +117,10 @@ class SessionState:
         self.server_entry: ServerPolicy | None = policy.server(server)
         # pins
         self.pins: dict[str, str] = {}
+        # inputSchema per listed tool: which member names a server reads,
+        # and which parameters it takes as plain strings (policy/readings.py)
+        self.schemas: dict[str, Any] = {}
+        self._names: dict[str, tuple[readings.ArgumentNames, frozenset[str]]] = {}
         self.baseline: set[str] = set()
         self.changed: set[str] = set()
         self.late: set[str] = set()
@@ -149,6 +153,7 @@ class SessionState:
         if packs != self.active_packs or not self._effective:
             self.active_packs = packs
             self._effective.clear()
+            self._names.clear()
 
     def effective(self, tool: str) -> Effective:
         eff = self._effective.get(tool)
@@ -182,6 +187,24 @@ class SessionState:
             packs=tuple(p.name for p, _ in pack_entries),
         )
 
+    def argument_names(self, tool: str) -> tuple[readings.ArgumentNames, frozenset[str]]:
+        """The member names the tool's arguments are read by (its schema's and
+        the policy's), and the parameters its schema types as plain strings."""
+        hit = self._names.get(tool)
+        if hit is None:
+            schema = self.schemas.get(tool)
+            names = readings.schema_property_names(schema)
+            entry = self.effective(tool).entry
+            if entry is not None:
+                names.update(entry.write_params)
+                names.update(entry.sink_params)
+                names.update(n for n, _rx in entry.arg_patterns)
+            hit = (readings.ArgumentNames.of(names), readings.string_typed(schema))
+            if len(self._names) >= 4096:
+                self._names.clear()
+            self._names[tool] = hit
+        return hit
+
     # ------------------------------------------------------------ observing
 
     def observe_server_info(self, info: dict) -> list[SessionEvent]:
@@ -208,6 +231,10 @@ class SessionState:
                 continue
             name = tool["name"]
             digest = pin_digest(tool)
+            if name not in self.schemas or self.pins.get(name) == digest:
+                # the schema of the pinned tool; a changed tool is denied anyway
+                self.schemas[name] = tool.get("inputSchema")
+                self._names.pop(name, None)
             pinned = self.pins.get(name)
             if pinned is None:
                 self.pins[name] = digest

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 import orjson
 
-from visor.policy import chains, paths, rules
+from visor.policy import chains, paths, readings, rules
 from visor.policy import destinations as dst
 from visor.policy.schema import Policy, ToolPolicy
 
@@ -192,6 +192,23 @@ def check_registration(c: _Ctx) -> Decision | None:
 
 
 # ------------------------------------------------------------------ 5. arguments
+
+
+def check_argument_names(c: _Ctx) -> Decision | None:
+    """A member that a case-insensitive server (Go's encoding/json) reads as
+    a name the schema or the policy knows, without being exactly that name,
+    has two readings: Visor's checks would miss what the server does."""
+    names, _strings = c.session.argument_names(c.call.tool)
+    hit = readings.case_variant(c.call.arguments, names)
+    if hit is None:
+        return None
+    member, name = hit
+    return _deny(
+        "arguments.case_variant",
+        f"argument member {member!r} is a case variant of {name!r}; a case-insensitive server "
+        f"would read it as {name!r}",
+        argument=member,
+    )
 
 
 def check_sensitive_paths(c: _Ctx) -> Decision | None:
@@ -468,6 +485,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("limits.session_timeout", check_session_timeout),
     ("budget.max_calls", check_tool_budget),
     ("registration", check_registration),
+    ("arguments.names", check_argument_names),
     ("path.sensitive", check_sensitive_paths),
     ("rules.paths", check_path_rules),
     ("rules.path_prefixes", check_path_prefixes),
@@ -555,12 +573,50 @@ def evaluate(
     now: datetime | None = None,
     answered: frozenset[tuple[str, str | None, str | None]] = frozenset(),
 ) -> Decision:
-    """Decide one call. Never mutates ``session``.
+    """Decide one call under every reading a server could take of it.
+
+    The literal arguments are judged, and so are the arguments as a server
+    that JSON-decodes string parameters reads them (policy/readings.py);
+    the stricter verdict wins (deny over ask over allow). A string whose
+    JSON no single reading exists for (duplicate keys) is denied.
 
     ``answered`` holds the asks (rule, argument, destination) a human has
     already approved for this very call: they pass, so that the next
     question, if any, surfaces instead of hiding behind the first.
     """
+    first = _evaluate_reading(policy, session, call, now, answered)
+    if first.action == "deny":
+        return first
+    _names, plain = session.argument_names(call.tool)
+    try:
+        decoded = readings.decoded_reading(call.arguments, plain)
+    except readings.AmbiguousJson as e:
+        return _deny(
+            "arguments.ambiguous_json",
+            f"a string argument holds JSON that parsers read differently ({e})",
+        )
+    if decoded is None:
+        return first
+    second = _evaluate_reading(policy, session, ToolCall(call.server, call.tool, decoded), now, answered)
+    return stricter(first, second)
+
+
+_RANK = {"allow": 0, "ask": 1, "deny": 2}
+
+
+def stricter(a: Decision, b: Decision) -> Decision:
+    """The stricter of two verdicts on readings of one call (the first on a tie)."""
+    return b if _RANK[b.action] > _RANK[a.action] else a
+
+
+def _evaluate_reading(
+    policy: Policy,
+    session: SessionState,
+    call: ToolCall,
+    now: datetime | None,
+    answered: frozenset[tuple[str, str | None, str | None]],
+) -> Decision:
+    """Decide one reading of a call. Reads ``session``, never changes it."""
     ctx = _Ctx(policy, session, call, now)
     pending: Decision | None = None
     for check in _plan(policy):

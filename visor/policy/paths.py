@@ -15,6 +15,7 @@ from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
 from visor.policy.schema import Glob
+from visor.wire.folding import fold_lower
 
 # Argument names that always hold paths. Matching is on the snake_case form of
 # the name, so ``filePath`` and ``file_path`` are the same.
@@ -92,8 +93,12 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 @lru_cache(maxsize=4096)
 def snake(name: str) -> str:
-    """``toAddress`` -> ``to_address``; ``Recipient-Email`` -> ``recipient_email``."""
-    return _CAMEL.sub("_", name).replace("-", "_").lower()
+    """``toAddress`` -> ``to_address``; ``Recipient-Email`` -> ``recipient_email``.
+
+    Lower case after Go's case folding: a Go server reads ``paTH`` and
+    Unicode variants (``ſ`` for ``s``, the Kelvin sign for
+    ``k``) as ``path``, so Visor's name vocabularies must too."""
+    return fold_lower(_CAMEL.sub("_", name).replace("-", "_"))
 
 
 @lru_cache(maxsize=4096)
@@ -171,11 +176,109 @@ def normalise(raw: str, cwd: str | None = None) -> str:
     return value
 
 
+def _norm(path: str) -> str:
+    value = os.path.normpath(path)
+    if value.startswith("//"):
+        # POSIX keeps a leading "//"; the kernel treats it as "/".
+        value = "/" + value.lstrip("/")
+    return value
+
+
+def _real(path: str) -> str:
+    try:
+        value = os.path.realpath(path)
+    except (ValueError, OSError, RecursionError) as e:  # a lone surrogate, a symlink chain too deep
+        raise PathError(f"path cannot be resolved: {type(e).__name__}") from None
+    if value.startswith("//"):
+        value = "/" + value.lstrip("/")
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _texts(raw: str, home: str) -> tuple[str, ...]:
+    """Pure: every string a server could open for ``raw``, before the working directory is joined.
+
+    ``home`` is only the cache key for ``~`` expansion. Raises PathError.
+    """
+    if "\x00" in raw:
+        raise PathError("path contains a NUL byte")
+    value = raw.strip()
+    bases: list[str] = []
+    if value[:5].lower() == "file:":
+        parts = urlsplit(value)
+        if parts.netloc not in ("", "localhost"):
+            raise PathError(f"file URI names a remote host {parts.netloc!r}")
+        bases.append(unquote(parts.path))
+        # A server that cuts "file://host" off by hand keeps "?..." and "#..."
+        # (and may or may not percent-decode what is left).
+        rest = value[5:]
+        if rest.startswith("//"):
+            rest = rest[2:]
+            slash = rest.find("/")
+            rest = rest[slash:] if slash >= 0 else "/"
+        bases += (rest, unquote(rest))
+        if ".." in value:
+            bases.append(value)  # taken as a relative name "file:..." that climbs out
+        if any("\x00" in b for b in bases):
+            raise PathError("path contains a NUL byte")
+    else:
+        bases.append(value)
+        if raw != value:
+            bases.append(raw)  # a server that does not trim: " /x" is relative
+    out: list[str] = []
+    for base in bases:
+        seps = (base, base.replace("\\", "/")) if "\\" in base else (base,)
+        for sep in seps:
+            # POSIX names as written; Windows names (trailing dots and spaces
+            # dropped, ":stream" cut) when they differ.
+            for text in (sep, Glob.variants(sep)[-1]):
+                if text.startswith("~"):
+                    expanded = os.path.expanduser(text)
+                    if expanded not in out:
+                        out.append(expanded)
+                    if expanded != text and ".." not in text:
+                        continue  # a literal "~" directory is only a risk if the path climbs out of it
+                if text not in out:
+                    out.append(text)
+    return tuple(out)
+
+
 def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
-    """The normalised path and, when it differs, the path with symlinks resolved."""
-    lexical = normalise(raw, cwd)
-    real = os.path.realpath(lexical)
-    return (lexical,) if real == lexical else (lexical, real)
+    """Every path a real server could act on for ``raw``, lexical reading first.
+
+    The readings (docs/policy.md, "Paths"): the value trimmed and as sent;
+    a ``file:`` URI decoded, cut by hand (query and fragment kept) and, when
+    it has ``..``, as a relative name; ``\\`` as a name character (POSIX) and
+    as a separator (Windows); names with Windows' trailing dots, spaces and
+    ``:stream`` dropped; ``~`` expanded (and literal when it climbs). Each is
+    joined to the working directory and read three ways: lexically
+    normalised; normalised then symlinks resolved (Node's filesystem
+    server); and the raw join resolved as the kernel walks it (symlinks
+    followed before ``..``). A deny rule fires if any reading matches; an
+    allow rule must hold for every one. Raises PathError.
+    """
+    texts = _texts(raw, os.environ.get("HOME", ""))
+    base = cwd
+    lexical: list[str] = []
+    joins: list[str] = []
+    for text in texts:
+        if text.startswith("/"):
+            joined = text
+        else:
+            if base is None:
+                base = os.getcwd()
+            joined = os.path.join(base, text)
+        norm = _norm(joined)
+        if norm not in lexical:
+            lexical.append(norm)
+        if joined != norm and joined not in joins:
+            joins.append(joined)
+    out = list(lexical)
+    for path in (*lexical, *joins):
+        real = _real(path)
+        if real not in out:
+            out.append(real)
+    return tuple(out)
 
 
 def under_prefix(path: str, prefix: str) -> bool:
@@ -288,10 +391,20 @@ SENSITIVE_GLOBS: tuple[str, ...] = (
     "/etc/sudoers",
 )
 
-_SENSITIVE_RE = re.compile("|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL)
+# Case-insensitive: macOS and Windows read `.Env` and `ID_RSA.PEM` as the names on this list.
+_SENSITIVE_RE = re.compile(
+    "|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL | re.IGNORECASE
+)
 
 
 def is_sensitive(path: str, extra: tuple[Glob, ...] = ()) -> bool:
-    if _SENSITIVE_RE.fullmatch(path) is not None:
-        return True
-    return any(g.match(path) for g in extra)
+    """Whether some file system would read ``path`` as a sensitive file.
+
+    Case-insensitive, NFC/NFD-insensitive, and with Windows' reading of each
+    name (``.env.``, ``.env ``, ``.env::$DATA`` are ``.env``): see
+    ``Glob.variants``.
+    """
+    for v in Glob.variants(path):
+        if _SENSITIVE_RE.fullmatch(v) is not None:
+            return True
+    return any(g.match_folded(path) for g in extra)

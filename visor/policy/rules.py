@@ -7,11 +7,13 @@ rule reads are a superset of the ones mcp-visor reads for it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 
 from visor.policy import destinations as dst
+from visor.policy import readings
 from visor.policy.paths import snake
 from visor.policy.schema import Rule
 
@@ -354,16 +356,12 @@ def allowed_repos(rule: Rule, view: CallView) -> str | None:
     return None
 
 
-def _number(v: object) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return int(v) if v == v else None
-    if isinstance(v, str) and v.strip().isdecimal() and v.strip().isascii():
-        return int(v.strip())
-    return None
+def _number(v: object) -> int | float | None:
+    """The largest number a lax server-side validator could read (``"+1_000"``, ``"1e5"``)."""
+    n = readings.lax_number(v)
+    if n is None or n == math.inf:
+        return n
+    return int(n) if n == int(n) else n
 
 
 def max_file_size(rule: Rule, view: CallView) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from visor.wire import errors
+from visor.wire.folding import go_fold
 
 JsonId = str | int
 
@@ -34,6 +35,21 @@ _NINETEEN_ZEROS = b"0" * 19
 _REQUEST_KEYS = frozenset(("jsonrpc", "id", "method", "params"))
 _NOTIFICATION_KEYS = frozenset(("jsonrpc", "method", "params"))
 _RESPONSE_KEYS = frozenset(("jsonrpc", "id", "result", "error"))
+# Every member name MCP defines inside a client message's ``params`` (and
+# its ``_meta``). A Go server decodes params case-insensitively, with Unicode
+# simple folding: ``Arguments`` or ``argumentſ`` fills ``arguments`` there,
+# while Visor would see no arguments at all. A member that folds onto one of
+# these without being exactly it has two readings, and is refused.
+PARAMS_MEMBERS = frozenset(
+    (
+        "_meta", "name", "arguments", "uri", "cursor", "task", "ttl", "taskId", "ref", "argument",
+        "context", "value", "level", "requestId", "reason", "progressToken", "progress", "total",
+        "message", "protocolVersion", "capabilities", "clientInfo", "roots", "action", "content",
+        "type", "title", "description", "mimeType", "size", "icons", "annotations", "inputSchema",
+        "outputSchema", "structuredContent", "isError", "resultType",
+    )
+)  # fmt: skip
+_FOLDED_MEMBERS = {go_fold(m): m for m in PARAMS_MEMBERS}
 
 
 class Kind(enum.Enum):
@@ -122,7 +138,38 @@ def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
             # orjson reads these as floats; the server reads the exact
             # integer. The policy must never judge a number the server does not see.
             return _reject_with_id(obj, "an integer outside the 64-bit range")
+        msg = _classify_object(obj, line)
+        if type(msg) is Message and msg.kind is not Kind.RESPONSE:
+            params = obj.get("params")
+            if type(params) is dict:
+                variant = member_variant(params)
+                if variant is not None:
+                    return _reject_variant(msg, variant)
+        return msg
     return _classify_object(obj, line)
+
+
+def member_variant(params: dict[str, Any]) -> tuple[str, str] | None:
+    """``(member, protocol name)`` for a member of ``params`` or its ``_meta``
+    that a case-insensitive decoder reads as a protocol member it is not."""
+    folded = _FOLDED_MEMBERS
+    for node in (params, params.get("_meta")):
+        if type(node) is not dict:
+            continue
+        for k in node:
+            if k not in PARAMS_MEMBERS:
+                hit = folded.get(go_fold(k))
+                if hit is not None:
+                    return k, hit
+    return None
+
+
+def _reject_variant(msg: Message, variant: tuple[str, str]) -> Rejected:
+    member, name = variant
+    reason = f"params member {member!r} is a case variant of {name!r}: a case-insensitive server would read it as {name!r}"
+    if msg.kind is Kind.REQUEST:
+        return Rejected(errors.INVALID_PARAMS, reason, (msg.id,), method=msg.method, tool=msg.tool)  # type: ignore[arg-type]
+    return Rejected(errors.INVALID_PARAMS, reason, method=msg.method)
 
 
 def _reject_with_id(obj: dict[str, Any], reason: str) -> Rejected:
