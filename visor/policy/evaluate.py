@@ -234,8 +234,9 @@ def check_path_rules(c: _Ctx) -> Decision | None:
     for rule in entry.rules:
         if rule.type == "deny_path":
             for name, raw, forms in found:
+                # any reading, compared as a case- and NFC/NFD-insensitive file system would
                 for candidate in (raw.strip(), *forms):
-                    if any(g.match(candidate) for g in rule.globs):
+                    if any(g.match_folded(candidate) for g in rule.globs):
                         return _deny(
                             f"{c.prefix}.deny_path",
                             f"argument {name!r} ({forms[0]}) matches a deny_path pattern",

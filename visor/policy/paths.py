@@ -257,7 +257,7 @@ def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
     followed before ``..``). A deny rule fires if any reading matches; an
     allow rule must hold for every one. Raises PathError.
     """
-    texts = _texts(raw, os.environ.get("HOME", ""))
+    texts = _texts(raw, os.environ.get("HOME", "") if "~" in raw else "")
     base = cwd
     lexical: list[str] = []
     joins: list[str] = []
@@ -391,10 +391,14 @@ SENSITIVE_GLOBS: tuple[str, ...] = (
     "/etc/sudoers",
 )
 
-# Case-insensitive: macOS and Windows read `.Env` and `ID_RSA.PEM` as the names on this list.
-_SENSITIVE_RE = re.compile(
-    "|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL | re.IGNORECASE
-)
+# Matched against case-folded paths (the globs are lower case): macOS and
+# Windows read `.Env` and `ID_RSA.PEM` as the names on this list.
+_SENSITIVE_RE = re.compile("|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL)
+
+
+@lru_cache(maxsize=8192)
+def _builtin_sensitive(path: str) -> bool:
+    return any(_SENSITIVE_RE.fullmatch(v.casefold()) is not None for v in Glob.variants(path))
 
 
 def is_sensitive(path: str, extra: tuple[Glob, ...] = ()) -> bool:
@@ -404,7 +408,6 @@ def is_sensitive(path: str, extra: tuple[Glob, ...] = ()) -> bool:
     name (``.env.``, ``.env ``, ``.env::$DATA`` are ``.env``): see
     ``Glob.variants``.
     """
-    for v in Glob.variants(path):
-        if _SENSITIVE_RE.fullmatch(v) is not None:
-            return True
+    if _builtin_sensitive(path):
+        return True
     return any(g.match_folded(path) for g in extra)

@@ -8,8 +8,10 @@ path. All containers are tuples or dicts that nobody mutates after loading.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 Action = Literal["allow", "deny", "ask"]
@@ -34,6 +36,10 @@ RULE_TYPES: frozenset[str] = frozenset(
 )
 
 
+# A name that Windows reads differently: a trailing dot or space, or a `:stream`.
+_WIN_NAME_END = re.compile(r"[ .](?:/|$)|.:")
+
+
 @dataclass(frozen=True, slots=True)
 class Glob:
     """A doublestar glob compiled to a regular expression.
@@ -51,6 +57,58 @@ class Glob:
         if self.regex.fullmatch(path) is not None:
             return True
         return self.alt is not None and self.alt.fullmatch(path) is not None
+
+    def match_folded(self, path: str) -> bool:
+        """``match`` as a case-insensitive, normalisation-insensitive file system reads names.
+
+        For deny rules: macOS and Windows file systems ignore case, APFS
+        ignores NFC/NFD, Windows drops trailing dots and spaces of a name and
+        reads ``name:stream`` as ``name``. Any of ``Glob.variants`` matching
+        the pattern (NFC, case ignored) is a match.
+        """
+        if self.match(path):
+            return True
+        rx = Glob._folded(self.regex.pattern)
+        alt = Glob._folded(self.alt.pattern) if self.alt is not None else None
+        for v in Glob.variants(path):
+            if rx.fullmatch(v) is not None or (alt is not None and alt.fullmatch(v) is not None):
+                return True
+        return False
+
+    @staticmethod
+    @lru_cache(maxsize=1024)
+    def _folded(source: str) -> re.Pattern[str]:
+        # compiled once per pattern (the loader's globs live as long as the policy)
+        return re.compile(unicodedata.normalize("NFC", source), re.DOTALL | re.IGNORECASE)
+
+    @staticmethod
+    @lru_cache(maxsize=8192)
+    def variants(path: str) -> tuple[str, ...]:
+        """The spellings under which a path may name the same file on some file system.
+
+        NFC-normalised (APFS does not tell NFC from NFD); and, when it
+        differs, with every name's trailing dots and spaces dropped and any
+        ``:stream`` suffix cut (Windows: ``.env.``, ``.env ``, ``.env::$DATA``
+        are ``.env``). Case is left alone: compare with ``re.IGNORECASE`` or
+        ``casefold``.
+        """
+        nfc = path if path.isascii() else unicodedata.normalize("NFC", path)
+        if not _WIN_NAME_END.search(nfc):
+            return (nfc,)
+        names = []
+        for name in nfc.split("/"):
+            if name not in ("", ".", ".."):
+                cut = name.split(":", 1)[0] if ":" in name[1:] else name
+                stripped = cut.rstrip(" .")
+                if stripped:
+                    name = stripped
+                elif cut.startswith(".."):
+                    name = ".."
+                elif cut:
+                    name = "."
+            names.append(name)
+        win = "/".join(names)
+        return (nfc,) if win == nfc else (nfc, win)
 
 
 @dataclass(frozen=True, slots=True)
