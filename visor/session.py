@@ -120,7 +120,7 @@ class SessionState:
         # inputSchema per listed tool: which member names a server reads,
         # and which parameters it takes as plain strings (policy/readings.py)
         self.schemas: dict[str, Any] = {}
-        self._names: dict[str, tuple[readings.ArgumentNames, frozenset[str]]] = {}
+        self._names: dict[str, readings.ArgumentShape] = {}
         self.baseline: set[str] = set()
         self.changed: set[str] = set()
         self.late: set[str] = set()
@@ -187,9 +187,9 @@ class SessionState:
             packs=tuple(p.name for p, _ in pack_entries),
         )
 
-    def argument_names(self, tool: str) -> tuple[readings.ArgumentNames, frozenset[str]]:
+    def argument_shape(self, tool: str) -> readings.ArgumentShape:
         """The member names the tool's arguments are read by (its schema's and
-        the policy's), and the parameters its schema types as plain strings."""
+        the policy's), and which parameters its schema types as strings."""
         hit = self._names.get(tool)
         if hit is None:
             schema = self.schemas.get(tool)
@@ -199,7 +199,8 @@ class SessionState:
                 names.update(entry.write_params)
                 names.update(entry.sink_params)
                 names.update(n for n, _rx in entry.arg_patterns)
-            hit = (readings.ArgumentNames.of(names), readings.string_typed(schema))
+            plain, no_strings = readings.typed_properties(schema)
+            hit = readings.ArgumentShape(readings.ArgumentNames.of(names), plain, no_strings)
             if len(self._names) >= 4096:
                 self._names.clear()
             self._names[tool] = hit

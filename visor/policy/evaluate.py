@@ -198,8 +198,7 @@ def check_argument_names(c: _Ctx) -> Decision | None:
     """A member that a case-insensitive server (Go's encoding/json) reads as
     a name the schema or the policy knows, without being exactly that name,
     has two readings: Visor's checks would miss what the server does."""
-    names, _strings = c.session.argument_names(c.call.tool)
-    hit = readings.case_variant(c.call.arguments, names)
+    hit = readings.case_variant(c.call.arguments, c.session.argument_shape(c.call.tool).names)
     if hit is None:
         return None
     member, name = hit
@@ -286,7 +285,15 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
         return None
     view = c.view
     screens = entry.screens
+    pending: Decision | None = None
+    allow_list = any(t == "allow_command_pattern" for t, _f, _g in entry.plan)
     for rtype, fn, group in entry.plan:
+        if rtype in ("deny_command_pattern", "deny_command_keyword") and pending is None and not allow_list:
+            # deny lists alone cannot vouch for a command Visor cannot read with
+            # certainty: a human decides (after every deny had its chance)
+            why = view.unreadable()
+            if why is not None:
+                pending = _ask(f"{c.prefix}.{rtype}", f"command cannot be read with certainty: {why}")
         screen = screens.get(rtype)
         if screen is not None:
             # one combined regex tells whether any pattern of this type can match
@@ -297,7 +304,7 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
             reason = fn(rule, view)
             if reason is not None:
                 return _deny(f"{c.prefix}.{rtype}", reason)
-    return None
+    return pending
 
 
 def check_arg_patterns(c: _Ctx) -> Decision | None:
@@ -578,28 +585,34 @@ def evaluate(
 
     The literal arguments are judged, and so are the arguments as a server
     that JSON-decodes string parameters reads them (policy/readings.py);
-    the stricter verdict wins (deny over ask over allow). A string whose
-    JSON no single reading exists for (duplicate keys) is denied.
+    the stricter verdict wins (deny over ask over allow). Where the tool's
+    schema admits no string for every decoded parameter, only the decoded
+    reading exists. A string whose JSON no single reading exists for
+    (duplicate keys) is denied.
 
     ``answered`` holds the asks (rule, argument, destination) a human has
     already approved for this very call: they pass, so that the next
     question, if any, surfaces instead of hiding behind the first.
     """
-    first = _evaluate_reading(policy, session, call, now, answered)
-    if first.action == "deny":
-        return first
-    _names, plain = session.argument_names(call.tool)
+    shape = session.argument_shape(call.tool)
     try:
-        decoded = readings.decoded_reading(call.arguments, plain)
+        decoded = readings.decoded_reading(call.arguments, shape.plain_strings)
     except readings.AmbiguousJson as e:
         return _deny(
             "arguments.ambiguous_json",
             f"a string argument holds JSON that parsers read differently ({e})",
         )
     if decoded is None:
+        return _evaluate_reading(policy, session, call, now, answered)
+    second = ToolCall(call.server, call.tool, decoded)
+    if all(k in shape.no_strings for k, v in decoded.items() if v is not call.arguments[k]):
+        # Every decoded parameter admits no string in the tool's schema: no
+        # server reads the string itself, only what it decodes to.
+        return _evaluate_reading(policy, session, second, now, answered)
+    first = _evaluate_reading(policy, session, call, now, answered)
+    if first.action == "deny":
         return first
-    second = _evaluate_reading(policy, session, ToolCall(call.server, call.tool, decoded), now, answered)
-    return stricter(first, second)
+    return stricter(first, _evaluate_reading(policy, session, second, now, answered))
 
 
 _RANK = {"allow": 0, "ask": 1, "deny": 2}

@@ -63,18 +63,46 @@ def schema_property_names(schema: object, limit: int = 4096) -> set[str]:
     return out
 
 
-def string_typed(schema: object) -> frozenset[str]:
-    """Top-level properties whose schema type is exactly ``"string"``.
+def _types(spec: object) -> frozenset[str] | None:
+    t = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(t, str):
+        return frozenset((t,))
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        return frozenset(t)
+    return None  # no type, or a type given by anyOf/oneOf/$ref: anything goes
 
-    The SDK leaves those as they are; any other (a list, an object, a
-    number, a union with ``null``, no type at all) may be JSON-decoded.
+
+def typed_properties(schema: object) -> tuple[frozenset[str], frozenset[str]]:
+    """Top-level properties whose schema type is exactly ``"string"``, and
+    those whose type admits no string at all (arrays, objects, numbers).
+
+    The SDK decodes a JSON string for any parameter not typed plain ``str``;
+    no server takes a string as the value of a parameter that admits no
+    string (it decodes it or refuses it). Everything else may be read either way.
     """
-    if not isinstance(schema, dict):
-        return frozenset()
-    props = schema.get("properties")
+    props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict):
-        return frozenset()
-    return frozenset(k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string")
+        return frozenset(), frozenset()
+    plain: set[str] = set()
+    never: set[str] = set()
+    for k, spec in props.items():
+        types = _types(spec)
+        if types is None:
+            continue
+        if types == {"string"}:
+            plain.add(k)
+        elif "string" not in types:
+            never.add(k)
+    return frozenset(plain), frozenset(never)
+
+
+@dataclass(frozen=True, slots=True)
+class ArgumentShape:
+    """What a tool's schema and the policy say about how its arguments are read."""
+
+    names: ArgumentNames
+    plain_strings: frozenset[str] = frozenset()  # never JSON-decoded
+    no_strings: frozenset[str] = frozenset()  # a string there is only ever read decoded
 
 
 def case_variant(arguments: dict[str, Any], names: ArgumentNames) -> tuple[str, str] | None:
