@@ -64,16 +64,27 @@ def taints_set_by(
 
 
 def _taint_candidates(arguments: dict) -> list[str]:
+    """Every reading of each path-like argument; a taint is set when any
+    reading matches (strictest wins). A URL's path counts as the raw text
+    after the host, the canonical path the fetching client sends
+    (``/ok/../secrets/x`` is ``/secrets/x``) and the fully decoded path a
+    decoding server serves (``/%69nternal/`` is ``/internal/``)."""
+    from visor.policy import urls  # imported here: only this function of chains.py reads URLs
+
     out: list[str] = []
     for _name, raw in paths.iter_path_values(arguments, ("url", "uri")):
         out.append(raw)
         lowered = raw.lower()
-        if "://" in raw and not lowered.startswith("file:"):
+        if ("://" in raw or urls.looks_like_url(raw)) and not lowered.lstrip().startswith("file:"):
             # a URL: match its path part (and the whole URL) against path globs
-            rest = raw.split("://", 1)[1]
+            rest = raw.split("://", 1)[1] if "://" in raw else ""
             slash = rest.find("/")
             if slash != -1:
                 out.append(rest[slash:].split("?", 1)[0].split("#", 1)[0])
+            u = urls.read_url(raw.strip())
+            for form in (u.path, u.decoded_path):
+                if form and form not in out:
+                    out.append(form)
             continue
         try:
             out.extend(paths.forms(raw))

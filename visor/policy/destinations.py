@@ -15,8 +15,9 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
+from visor.policy import addresses, urls
 from visor.policy.paths import snake
 
 # snake_case words that make an argument name destination-shaped, alone or as a
@@ -93,8 +94,28 @@ _TAGGED_RE = re.compile(r"(?<![\w])[#@]([\w][\w.\-]{0,79})")
 _EDGE = ".:!?*#@/\\=&"
 
 
+# Spellings of one mailbox that output text may use and _EMAIL_RE cannot
+# match: a quoted plain local part ("eve"@x) and a comment next to the "@"
+# (eve(c)@x, eve@(c)x). The cleaned variant of a text spells them plainly, so
+# the output index holds the same key the argument side computes. Bounded
+# classes: linear in the text.
+_QUOTED_ATOM = re.compile(r"\"([A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-]{1,64})\"(?=@)")
+_AT_COMMENT = re.compile(r"\([^()@\s]{0,64}\)(?=@)|(?<=@)\([^()@\s]{0,64}\)")
+
+
 def _clean(raw: str) -> str:
-    if raw.isascii() and "%" not in raw and "&" not in raw:
+    """Text as a lenient reader sees it: NFKC, invisible characters dropped,
+    percent- and HTML-decoded, plain spellings of quoted or commented
+    addresses. For indexing output and for non-URL arguments only: a URL is
+    never decoded before it is parsed (urls.read_url reads it raw)."""
+    if (
+        raw.isascii()
+        and "%" not in raw
+        and "&" not in raw
+        and '"@' not in raw
+        and ")@" not in raw
+        and "@(" not in raw
+    ):
         return raw.strip()  # nothing to normalise or decode
     s = unicodedata.normalize("NFKC", raw).translate(_INVISIBLE)
     for _ in range(3):  # nested percent-encoding, bounded
@@ -102,37 +123,35 @@ def _clean(raw: str) -> str:
         if t == s:
             break
         s = t
-    return html.unescape(s).strip()
+    s = html.unescape(s)
+    if "@" in s:
+        if '"@' in s:
+            s = _QUOTED_ATOM.sub(r"\1", s)
+        if ")@" in s or "@(" in s:
+            s = _AT_COMMENT.sub("", s)
+    return s.strip()
 
 
 def _host_key(host: str) -> str:
-    host = host.strip().rstrip(".").lower()
-    try:
-        if host.startswith("xn--") or ".xn--" in host:
-            host = host.encode("ascii").decode("idna")
-    except UnicodeError:
-        pass
-    return host
+    return addresses.domain_key(host)
+
+
+def _read_keys(u: urls.UrlRead) -> list[str]:
+    keys: list[str] = []
+    if u.canonical is not None:
+        keys.append(f"url:{u.canonical}")
+        if u.whatwg is not None and u.whatwg.userinfo:
+            keys.append("url:" + u.canonical.replace("://user@", "://", 1))
+    keys.extend(f"host:{h}" for h in u.hosts())
+    return keys
 
 
 def _url_keys(value: str) -> list[str] | None:
-    try:
-        parts = urlsplit(value)
-        host = parts.hostname
-        port = parts.port
-    except ValueError:
-        return None
-    scheme = parts.scheme.lower()
-    if scheme == "mailto":
-        return None
-    if not host:
-        return None
-    host = _host_key(host)
-    default = {"http": 80, "https": 443}.get(scheme)
-    netloc = host if port in (None, default) else f"{host}:{port}"
-    path = parts.path or "/"
-    url = f"{scheme}://{netloc}{path}" + (f"?{parts.query}" if parts.query else "")
-    return [f"url:{url}", f"host:{host}"]
+    """Index keys of a URL: ``url:`` its canonical form and ``host:`` every
+    host any reader finds in it (an ambiguous URL names each of them), or
+    None without a host. Read raw: never percent-decoded first."""
+    keys = _read_keys(urls.read_url(value))
+    return keys or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,17 +169,42 @@ class Dest:
 
 
 def _email(addr: str) -> Dest | None:
-    addr = _SPACES.sub("", addr)
-    if addr.count("@") != 1 or _EMAIL_RE.fullmatch(addr) is None:
+    """One address, canonical (addresses.read_address): every spelling of a
+    mailbox is one key. A quoted local part an atom cannot spell is opaque:
+    asked, never trusted, and denied if any look-alike was seen."""
+    a = addresses.read_address(addr)
+    if a is None:
         return None
-    local, domain = addr.rsplit("@", 1)
-    local = local.casefold()
-    domain = _host_key(domain)
-    key = f"email:{local}@{domain}"
-    keys = [key]
-    if "+" in local:  # sub-addressing delivers to the same mailbox
-        keys.append(f"email:{local.split('+', 1)[0]}@{domain}")
-    return Dest("email", key, tuple(keys), domain)
+    return Dest("opaque" if a.special else "email", a.key, a.keys, a.domain)
+
+
+def _opaque(s: str, extra: tuple[str, ...] | list[str] = (), domain: str | None = None) -> Dest:
+    folded = s.casefold()
+    return Dest("opaque", f"opaque:{folded}", (*extra, f"token:{folded}"), domain)
+
+
+def _url_dest(raw: str) -> Dest:
+    """A URL read raw by both readers. Unambiguous: keyed by its canonical
+    form and WHATWG host. Ambiguous (the readers disagree, or no host): opaque,
+    never trusted, denied if any reading's host was seen in output."""
+    u = urls.read_url(raw)
+    keys = _read_keys(u)
+    if u.ambiguous or u.canonical is None:
+        return _opaque(raw, keys, u.host)
+    return Dest("url", keys[0], tuple(keys), u.host)
+
+
+def _decoded_url(s: str) -> Dest:
+    # "://" that only decoding produced (https%3A%2F%2F..., fullwidth colons):
+    # no client reads the raw text as this URL, so it is placed by nobody.
+    return _opaque(s, _url_keys(s) or ())
+
+
+# A scheme and ":" followed by "/" or "\", or a special scheme and ":": a URL
+# as WHATWG may read it (tabs and newlines inside are ignored, as WHATWG does).
+_URLISH = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[\t\r\n]*[/\\]|(?i:(?:https?|wss?|ftp)[\t\r\n]*:)")
+_URL_BODY = re.compile(r"[^\s<>\"'`]+")
+_TAB_NL = str.maketrans("", "", "\t\n\r")
 
 
 def parse(raw: str) -> list[Dest]:
@@ -168,7 +212,48 @@ def parse(raw: str) -> list[Dest]:
 
     What cannot be placed (an assembled, encoded or malformed value) comes back
     as an ``opaque`` destination, which the provenance check sends to a human.
+    A string that holds a URL is split and read raw; anything else is read
+    after _clean (decoded), since addresses are compared decoded.
     """
+    s0 = raw.strip()
+    if not s0:
+        return []
+    if s0[:7].lower() != "mailto:" and _URLISH.search(s0):
+        return _parse_raw(s0)
+    return _parse_decoded(raw)
+
+
+def _parse_raw(s: str) -> list[Dest]:
+    if urls.looks_like_url(s) and _URL_BODY.fullmatch(s.translate(_TAB_NL)):
+        return [_url_dest(s)]
+    out: list[Dest] = []
+    rest = s
+    if "<" in s:  # "Name <addr>, Other <https://...>"
+        for inner in _BRACKETS.findall(s):
+            out.extend(_raw_piece(inner))
+        rest = _BRACKETS.sub(" ", s)
+        for part in _LIST_SEP.split(rest):
+            part = part.strip().strip('"')
+            if "@" in part or _URLISH.search(part):
+                out.extend(_raw_piece(part))
+        return out or [_opaque(s)]
+    for part in _LIST_SPLIT.split(rest):
+        out.extend(_raw_piece(part))
+    return out or [_opaque(s)]
+
+
+def _raw_piece(p: str) -> list[Dest]:
+    p = p.strip()
+    if not p:
+        return []
+    if urls.looks_like_url(p):
+        return [_url_dest(p)]
+    return _parse_decoded(p)
+
+
+def _parse_decoded(raw: str) -> list[Dest]:
+    # Recursion stays here: a URL that appears only after decoding is never
+    # read as a URL a client would fetch (see _decoded_url).
     s = _clean(raw)
     if not s:
         return []
@@ -178,18 +263,15 @@ def parse(raw: str) -> list[Dest]:
         pieces += [v for k, v in parse_qsl(query) if k.lower() in ("to", "cc", "bcc")]
         out: list[Dest] = []
         for p in pieces:
-            out.extend(parse(p))
-        return out or [Dest("opaque", f"opaque:{s.casefold()}", (f"token:{s.casefold()}",))]
+            out.extend(_parse_decoded(p))
+        return out or [_opaque(s)]
     if "://" in s and _URL_RE.fullmatch(s):
-        keys = _url_keys(s)
-        if keys is None:
-            return [Dest("opaque", f"opaque:{s.casefold()}", (f"token:{s.casefold()}",))]
-        return [Dest("url", keys[0], tuple(keys), keys[1][5:])]
+        return [_decoded_url(s)]
     brackets = _BRACKETS.findall(s) if "<" in s else []
     if brackets:  # "Name <addr>, Other <addr2>"
         out = []
         for inner in brackets:
-            out.extend(parse(inner))
+            out.extend(_parse_decoded(inner))
         rest = _BRACKETS.sub(" ", s)
         out.extend(d for part in _LIST_SEP.split(rest) for d in _parse_piece_if_address(part))
         return out
@@ -197,7 +279,7 @@ def parse(raw: str) -> list[Dest]:
         out = []
         for part in _LIST_SPLIT.split(s):
             if part:
-                out.extend(parse(part))
+                out.extend(_parse_decoded(part))
         return out
     return [_parse_piece(s)]
 
@@ -224,15 +306,13 @@ def _parse_piece_if_address(part: str) -> list[Dest]:
 
 
 def _parse_piece(s: str) -> Dest:
+    """One decoded piece (see _parse_decoded): never a raw URL."""
     folded = s.casefold()
+    if "://" in s:
+        return _decoded_url(s)
     if "@" in s and not s.startswith("@"):
         d = _email(s)
-        return d or Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
-    if "://" in s:
-        keys = _url_keys(s)
-        if keys:
-            return Dest("url", keys[0], tuple(keys), keys[1][5:])
-        return Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
+        return d or _opaque(s)
     if _FULL_HOST_RE.fullmatch(folded) and not folded.replace(".", "").isdigit():
         host = _host_key(folded)
         return Dest("host", f"host:{host}", (f"host:{host}", f"token:{host}"), host)
@@ -294,7 +374,10 @@ class TrustList:
             if any(d.domain.endswith(s) for s in self.suffixes):
                 return True
         if d.kind == "url":
-            return any(d.key == p.rstrip("/") or d.key.startswith(p) for p in self.url_prefixes)
+            # canonical forms on both sides (urls.read_url), segment-aware;
+            # ambiguous URLs are opaque and never reach here
+            url = d.key[4:]
+            return any(urls.under_prefix(url, p[4:]) for p in self.url_prefixes)
         return False
 
 
@@ -312,6 +395,8 @@ def build_trust(entries: tuple[str, ...] | list[str]) -> TrustList:
             domains.add(_host_key(s[1:]))
             continue
         for d in parse(s):
+            if d.kind == "opaque" and ("@" in d.value or "://" in d.value):
+                continue  # an ambiguous URL or a special quoted address: never trusted
             if d.kind == "host":
                 domains.add(d.value)
             elif d.kind == "url":
