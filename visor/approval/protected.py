@@ -9,16 +9,28 @@ string in a call's arguments that reads as a path (absolute, `~`, relative
 to the working directory Visor and its server share, a `file:` URI,
 percent-encoded, or a word of a longer string) is resolved and compared with
 these locations, whatever the policy allows.
+
+Every reading a server could take counts (``visor.policy.paths.forms``):
+backslashes as separators or as name characters, the lexical and the kernel
+resolution of ``..`` around symlinks, a NUL-truncated name (what a C server
+opens). Names are compared as a case-insensitive, NFC/NFD-insensitive file
+system with Windows' trailing dots and spaces would compare them, and by
+identity (st_dev, st_ino) for the directories and files that exist, so a
+hardlink, a bind mount or a renamed parent is still ours.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
+
+from visor.policy.paths import PathError, forms
+from visor.policy.schema import Glob
 
 # Separators of the words a path can hide between in a longer string (a
 # command line, a redirect, an option `--out=PATH`, a quoted name).
@@ -37,21 +49,24 @@ class Protected:
     # (st_dev, st_ino) of the directories that exist: a directory renamed
     # after start-up (or reached by a parent's new name) is still itself.
     dir_ids: frozenset[tuple[int, int]] = frozenset()
+    # The same for the files that exist at start-up (a hardlink is the file);
+    # the files are stat'ed again on each call, since a rewrite may replace them.
+    file_ids: frozenset[tuple[int, int]] = frozenset()
+    # `dirs` and `files` case-folded and NFC-normalised, for the folded comparison.
+    folded_dirs: tuple[str, ...] = ()
+    folded_files: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, dirs: Iterable[os.PathLike[str] | str], files: Iterable[os.PathLike[str] | str]) -> Protected:
         real_dirs = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs}))
-        ids = set()
-        for d in real_dirs:
-            try:
-                st = os.stat(d)
-            except OSError:
-                continue
-            ids.add((st.st_dev, st.st_ino))
+        real_files = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files}))
         return cls(
             real_dirs,
-            tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files})),
-            frozenset(ids),
+            real_files,
+            frozenset(_ids(real_dirs)),
+            frozenset(_ids(real_files)),
+            tuple(sorted({_fold(d).rstrip("/") for d in real_dirs})),
+            tuple(sorted({_fold(f) for f in real_files})),
         )
 
     def __bool__(self) -> bool:
@@ -66,16 +81,17 @@ class Protected:
         else:
             # Resolving the working directory walks the file system; it is the
             # same on every call, so it is done once per directory, not per call.
-            loose = self._covers(os.path.realpath(cwd))  # a bare file name may be one of ours
+            loose = self._covers(os.path.realpath(cwd), frozenset())  # a bare file name may be one of ours
             if len(_LOOSE) > 64:
                 _LOOSE.clear()
             _LOOSE[id(self)] = (self, cwd, loose)
+        ids: list[frozenset[tuple[int, int]]] = []  # the files' identities, read once per call if needed
         stack = [arguments]
         while stack:
             node = stack.pop()
             t = type(node)
             if t is str:
-                if self._names(node, cwd, loose):
+                if self._names(node, cwd, loose, ids):
                     return node
             elif t is dict:
                 stack.extend(node.keys())
@@ -84,48 +100,87 @@ class Protected:
                 stack.extend(node)
         return None
 
-    def _names(self, text: str, cwd: str, loose: bool) -> bool:
-        if not loose and "/" not in text and "~" not in text and "%" not in text:
+    def _file_ids(self, ids: list[frozenset[tuple[int, int]]]) -> frozenset[tuple[int, int]]:
+        if not ids:
+            ids.append(self.file_ids | frozenset(_ids(self.files)))
+        return ids[0]
+
+    def _names(self, text: str, cwd: str, loose: bool, ids: list[frozenset[tuple[int, int]]]) -> bool:
+        if not loose and not _PATHISH.search(text):
             return False
         candidates = {text}
         candidates.update(w for w in _WORDS.split(text) if w)
         for c in list(candidates):
-            if "%" in c:
-                candidates.add(unquote(c))
+            # percent-encoding, twice over for a server that decodes twice
+            while "%" in c and (d := unquote(c)) != c and d not in candidates:
+                candidates.add(d)
+                c = d
+        for c in list(candidates):
+            if "\x00" in c:
+                candidates.add(c.split("\x00", 1)[0])  # a C server stops at the NUL
+        seen: set[str] = set()
         for c in candidates:
-            if not c or "\x00" in c:
+            if not c or "\x00" in c or (not loose and not _PATHISH.search(c)):
                 continue
             for form in _forms(c):
-                path = os.path.join(cwd, os.path.expanduser(form))
                 try:
-                    real = os.path.realpath(path)
-                except ValueError:  # not encodable as a file name: compare the text
-                    real = os.path.normpath(path)
-                if self._covers(real):
-                    return True
+                    readings = forms(form, cwd)
+                except PathError:  # a remote file URI (its path is another form), an unencodable name
+                    readings = (os.path.normpath(os.path.join(cwd, form.replace("\x00", ""))),)
+                for r in readings:
+                    if r in seen:
+                        continue
+                    seen.add(r)
+                    if self._covers(r, self._file_ids(ids) if self.files else frozenset()):
+                        return True
         return False
 
-    def _covers(self, real: str) -> bool:
-        for d in self.dirs:
-            if real == d or real.startswith(d.rstrip("/") + "/"):
+    def _covers(self, real: str, file_ids: frozenset[tuple[int, int]]) -> bool:
+        for v in Glob.variants(real):
+            key = _fold(v)
+            for d in self.folded_dirs:
+                if key == d or key.startswith(d + "/"):
+                    return True
+            if any(key == f or key.startswith(f + ".") for f in self.folded_files):
                 return True
-        if any(real == f or real.startswith(f + ".") for f in self.files):
-            return True
-        if self.dir_ids:
+        if self.dir_ids or file_ids:
             path = real
+            first = True
             while True:
                 try:
                     st = os.lstat(path)
                 except (OSError, ValueError):
                     pass
                 else:
-                    if (st.st_dev, st.st_ino) in self.dir_ids:
+                    key_id = (st.st_dev, st.st_ino)
+                    if key_id in self.dir_ids or (first and key_id in file_ids):
                         return True
+                first = False
                 parent = os.path.dirname(path)
                 if parent == path:
                     return False
                 path = parent
         return False
+
+
+# A string that may name a path: a separator, a home, a percent-escape, a file URI.
+_PATHISH = re.compile(r"[/\\~%]|file:", re.IGNORECASE)
+
+
+def _fold(path: str) -> str:
+    """Case-folded and NFC-normalised: how a case- and normalisation-insensitive file system compares names."""
+    if path.isascii():
+        return path.lower()
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", path).casefold())
+
+
+def _ids(paths: Iterable[str]) -> Iterable[tuple[int, int]]:
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except (OSError, ValueError):
+            continue
+        yield (st.st_dev, st.st_ino)
 
 
 def _forms(word: str) -> Iterable[str]:
