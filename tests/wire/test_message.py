@@ -269,3 +269,40 @@ def test_server_direction_refuses_exact_duplicates_only(args_text: str, pad: str
     line = ('{"jsonrpc":"2.0","id":1,"result":{"n":"' + pad + '","v":' + args_text + "}}").encode()
     m = classify(line, fold_case=False)
     assert isinstance(m, Message) != _pairs_have_exact_duplicates(line)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "member"),
+    [
+        ("tools/call", {"name": "w", "Arguments": {"path": "/x"}}, "Arguments"),
+        ("tools/call", {"name": "w", "argument\u017f": {"path": "/x"}}, "argument\u017f"),
+        ("tools/call", {"name": "w", "arguments": {}, "TASK": {"ttl": 1}}, "TASK"),
+        ("tools/call", {"name": "w", "arguments": {}, "_META": {}}, "_META"),
+        (
+            "tools/call",
+            {"name": "w", "arguments": {}, "_meta": {"progre\u017f\u017fToken": 1}},
+            "progreſſToken",
+        ),
+        ("resources/read", {"URI": "file:///etc/passwd"}, "URI"),
+        ("prompts/get", {"name": "p", "ARGUMENTS": {"path": "/x"}}, "ARGUMENTS"),
+        ("notifications/cancelled", {"requestID": 1}, "requestID"),
+    ],
+)
+def test_case_variants_of_protocol_members_are_refused(method: str, params: dict, member: str) -> None:
+    """A Go server (encoding/json) reads these as the member they fold onto; Visor would not."""
+    msg: dict = {"jsonrpc": "2.0", "method": method, "params": params}
+    if not method.startswith("notifications/"):
+        msg["id"] = 7
+    r = rej(json.dumps(msg, ensure_ascii=False).encode())
+    assert r.code == INVALID_PARAMS
+    assert member in r.reason
+    assert r.reply_ids == ((7,) if "id" in msg else ())
+
+
+def test_exact_protocol_members_and_unrelated_names_pass() -> None:
+    line = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"w","arguments":{"Path":"/x"},"_meta":{"progressToken":1,"vendor/Name":2}}}'
+    m = classify(line)
+    assert isinstance(m, Message) and m.arguments == {"Path": "/x"}
+    # the server direction is not refused for this (the client reads it)
+    resp = classify(b'{"jsonrpc":"2.0","id":1,"result":{"Content":[]}}', fold_case=False)
+    assert isinstance(resp, Message)

@@ -11,9 +11,10 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import NamedTuple, TypeVar
 
 from visor.policy import destinations as dst
-from visor.policy import readings
+from visor.policy import readings, shell
 from visor.policy.paths import snake
 from visor.policy.schema import Rule
 
@@ -50,101 +51,16 @@ def named_strings(arguments: dict, names: frozenset[str]) -> list[str]:
 
 # ------------------------------------------------------------ shell splitting
 
-_PLAIN = re.compile(r"[^;&|\n\r`$()<>{}'\"\\]*")
-_RUN = re.compile(r"[^;&|\n\r`$()<>{}'\"\\]+")
-_DQ_RUN = re.compile(r"[^\"`$\\]+")
-_SEPARATORS = ("&&", "||", ";;", ";", "&", "|", "\n", "\r")
-
 
 def split_command(cmd: str) -> list[str]:
-    """Split a shell command into the simple commands it runs.
+    """The simple commands bash would run for ``cmd``, as written, in the order
+    bash starts them (a substitution's body before the command that uses it).
 
-    Splits at ``; & && || |`` and newlines outside quotes, and lifts the body of
-    every ``$(...)``, backtick and ``<(...)``/``>(...)`` out as a command of its
-    own (they run even inside double quotes). Single quotes are literal. This
-    is not a full shell parser; it errs towards more parts, and every part must
-    pass, so an error costs a deny, not an allow.
+    Read by visor.policy.shell, which follows bash's own rules and refuses what
+    it cannot read with certainty: then this returns the commands read before
+    the doubt, and ``read_command(cmd).unreadable`` says why.
     """
-    if _PLAIN.fullmatch(cmd):
-        # nothing that separates or substitutes: one simple command
-        stripped = cmd.strip()
-        return [stripped] if stripped else []
-    parts: list[str] = []
-    cur: list[str] = []
-    i, n = 0, len(cmd)
-    quote: str | None = None
-
-    def flush() -> None:
-        s = "".join(cur).strip()
-        if s:
-            parts.append(s)
-        cur.clear()
-
-    while i < n:
-        # consume a run of ordinary characters in one step
-        run = (_DQ_RUN if quote == '"' else _RUN).match(cmd, i) if quote != "'" else None
-        if run is not None:
-            cur.append(run.group())
-            i = run.end()
-            continue
-        c = cmd[i]
-        if quote == "'":
-            j = cmd.find("'", i)
-            end = n if j == -1 else j + 1
-            cur.append(cmd[i:end])
-            quote = None
-            i = end
-            continue
-        if c == "\\" and i + 1 < n:
-            cur.append(cmd[i : i + 2])
-            i += 2
-            continue
-        if c in "$<>" and cmd.startswith("(", i + 1):
-            # substitution: find the matching parenthesis, quotes aside
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if cmd[j] == "(":
-                    depth += 1
-                elif cmd[j] == ")":
-                    depth -= 1
-                j += 1
-            inner = cmd[i + 2 : j - 1] if depth == 0 else cmd[i + 2 :]
-            parts.extend(split_command(inner))
-            cur.append(" ")
-            i = j
-            continue
-        if c == "`":
-            j = cmd.find("`", i + 1)
-            inner = cmd[i + 1 : j] if j != -1 else cmd[i + 1 :]
-            parts.extend(split_command(inner))
-            cur.append(" ")
-            i = j + 1 if j != -1 else n
-            continue
-        if quote == '"':
-            cur.append(c)
-            if c == '"':
-                quote = None
-            i += 1
-            continue
-        if c in "'\"":
-            quote = c
-            cur.append(c)
-            i += 1
-            continue
-        if c in "({)}" and not "".join(cur).strip():
-            # subshell or group opener/closer at the start of a command
-            i += 1
-            continue
-        for sep in _SEPARATORS:
-            if cmd.startswith(sep, i):
-                flush()
-                i += len(sep)
-                break
-        else:
-            cur.append(c)
-            i += 1
-    flush()
-    return [p.rstrip(")}").strip() or p for p in parts]
+    return [c.text for c in shell.read_command_cached(cmd).commands]
 
 
 _QUOTES = re.compile(r"[\"'\\]")
@@ -187,11 +103,12 @@ class CallView:
     """The call's arguments with the expensive splits done once per call,
     however many rules read them."""
 
-    __slots__ = ("_commands", "_parsed", "_queries", "_recipients", "args")
+    __slots__ = ("_commands", "_parsed", "_queries", "_readings", "_recipients", "args")
 
     def __init__(self, args: dict) -> None:
         self.args = args
-        self._commands: list[tuple[str, list[str], list[str]]] | None = None
+        self._commands: list[Split] | None = None
+        self._readings: list[CommandReading] | None = None
         self._queries: list[tuple[str, list[str], list[str]]] | None = None
         self._recipients: list[str] | None = None
         self._parsed: dict[str, tuple[dst.Dest, ...]] = {}
@@ -209,11 +126,24 @@ class CallView:
             self._recipients = recipient_values(self.args)
         return self._recipients
 
+    def readings(self) -> list[CommandReading]:
+        """How each command argument reads (see ``_command_split``)."""
+        if self._readings is None:
+            self._readings = [_memo(_command_split, cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
+        return self._readings
+
     def commands(self) -> list[Split]:
         """``(command, parts, texts a deny pattern must not match)`` per command argument."""
         if self._commands is None:
-            self._commands = [_memo(_command_split, cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
+            self._commands = [r.split for r in self.readings()]
         return self._commands
+
+    def unreadable(self) -> str | None:
+        """Why the first command argument that cannot be read with certainty cannot, else None."""
+        for r in self.readings():
+            if r.unreadable is not None:
+                return r.unreadable
+        return None
 
     def queries(self) -> list[Split]:
         if self._queries is None:
@@ -222,12 +152,32 @@ class CallView:
 
 
 Split = tuple[str, tuple[str, ...], tuple[str, ...]]
+_T = TypeVar("_T")
 
 
-def _command_split(cmd: str) -> Split:
-    parts = split_command(cmd)
-    texts = [v for piece in (cmd, *parts) for v in _variants(piece)]
-    return cmd, tuple(parts), tuple(texts)
+class CommandReading(NamedTuple):
+    command: str
+    parts: tuple[str, ...]  # each simple command as written
+    forms: tuple[tuple[str, ...], ...]  # per part: the texts an allow pattern may admit it by
+    texts: tuple[str, ...]  # everything a deny pattern must not match
+    unreadable: str | None  # why the command cannot be read with certainty
+    split: Split  # (command, parts, texts): the shape the evaluator's screens read
+
+
+# Used only to give deny patterns more to look at when a command is unreadable
+# (never to allow): the pieces between anything that may separate commands.
+_ROUGH = re.compile(r"[;&|\n\r()`{}]|\$\(|[<>]\(")
+
+
+def _command_split(cmd: str) -> CommandReading:
+    reading = shell.read_command(cmd)
+    parts = tuple(c.text for c in reading.commands)
+    forms = tuple(tuple(dict.fromkeys((c.text, c.unquoted))) for c in reading.commands)
+    pieces = [cmd, *parts, *(c.unquoted for c in reading.commands)]
+    if reading.unreadable is not None:
+        pieces.extend(p.strip() for p in _ROUGH.split(cmd) if p.strip())
+    texts = tuple(dict.fromkeys(v for piece in pieces for v in _variants(piece)))
+    return CommandReading(cmd, parts, forms, texts, reading.unreadable, (cmd, parts, texts))
 
 
 def _query_split(q: str) -> Split:
@@ -239,10 +189,10 @@ def _query_split(q: str) -> Split:
 
 _cached_command_split = lru_cache(maxsize=1024)(_command_split)
 _cached_query_split = lru_cache(maxsize=1024)(_query_split)
-_CACHED = {_command_split: _cached_command_split, _query_split: _cached_query_split}
+_CACHED: dict[Callable, Callable] = {_command_split: _cached_command_split, _query_split: _cached_query_split}
 
 
-def _memo(fn: Callable[[str], Split], text: str) -> Split:
+def _memo(fn: Callable[[str], _T], text: str) -> _T:
     """``fn(text)``, memoised for texts up to 1 KB: the split is a pure function
     of the text, and an agent sends the same commands and queries again."""
     if len(text) <= 1024:
@@ -263,22 +213,26 @@ def deny_command_pattern(rule: Rule, view: CallView) -> str | None:
 
 
 def allow_command_pattern(rule: Rule, view: CallView) -> str | None:
-    for _cmd, parts, _texts in view.commands():
-        if not parts:
+    for r in view.readings():
+        if r.unreadable is not None:
+            return f"command cannot be read with certainty: {r.unreadable}"
+        if not r.parts:
             return "command is empty"
-        for part in parts:
-            if not any(rx.search(part) for rx in rule.regexes):
+        for part, forms in zip(r.parts, r.forms, strict=True):
+            # the part as written, or with quoting removed ('l's runs ls)
+            if not any(rx.search(f) for f in forms for rx in rule.regexes):
                 return f"command part {part[:80]!r} is not admitted by any allow pattern"
     return None
 
 
 def deny_command_keyword(rule: Rule, view: CallView) -> str | None:
-    for cmd, _parts, _texts in view.commands():
-        folded = cmd.casefold()
-        collapsed = " ".join(_QUOTES.sub("", folded).split())
-        for kw in rule.keywords:
-            if kw in folded or kw in collapsed:
-                return f"command contains denied keyword {kw!r}"
+    for _cmd, _parts, texts in view.commands():
+        for text in texts:
+            folded = text.casefold()
+            collapsed = " ".join(_QUOTES.sub("", folded).split())
+            for kw in rule.keywords:
+                if kw in folded or kw in collapsed:
+                    return f"command contains denied keyword {kw!r}"
     return None
 
 
@@ -359,7 +313,7 @@ def allowed_repos(rule: Rule, view: CallView) -> str | None:
 def _number(v: object) -> int | float | None:
     """The largest number a lax server-side validator could read (``"+1_000"``, ``"1e5"``)."""
     n = readings.lax_number(v)
-    if n is None or n == math.inf:
+    if n is None or math.isinf(n):
         return n
     return int(n) if n == int(n) else n
 
