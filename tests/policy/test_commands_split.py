@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from tests.policy.helpers import decide, policy_from, session_for
 from visor.policy.loader import build_screens, load_policy_text
 from visor.policy.rules import split_command
+from visor.policy.shell import read_command
 
 POLICY = policy_from(
     r"""
@@ -31,9 +32,12 @@ def test_split_examples() -> None:
     assert split_command("ls /a; rm x") == ["ls /a", "rm x"]
     assert split_command('ls "a;b|c"') == ['ls "a;b|c"']
     assert split_command("echo 'a $(b)'") == ["echo 'a $(b)'"]
-    assert split_command('echo "a $(id) b"') == ["id", 'echo "a   b"']
-    assert split_command("echo 'unterminated; x") == ["echo 'unterminated; x"]
-    assert split_command("ls <(cat /etc/shadow)") == ["cat /etc/shadow", "ls"]
+    # a substitution's body runs first; the outer command keeps it as written
+    assert split_command('echo "a $(id) b"') == ["id", 'echo "a $(id) b"']
+    # unreadable: nothing after the doubt is listed (and the rules refuse it)
+    assert split_command("echo 'unterminated; x") == []
+    assert read_command("echo 'unterminated; x").unreadable == "unbalanced single quote"
+    assert split_command("ls <(cat /etc/shadow)") == ["cat /etc/shadow", "ls <(cat /etc/shadow)"]
     assert split_command("") == []
 
 
