@@ -108,12 +108,36 @@ def _strip_dot(host: str) -> str:
     return host[:-1] if host.endswith(".") and not host.endswith("..") else host
 
 
+@lru_cache(maxsize=1024)
+def _punycode_ok(label: str) -> bool:
+    """Is an ``xn--`` label valid punycode that UTS 46 maps back to itself?
+
+    Newer ada releases accept ``xn--zz``; Node's (and the standard's
+    CheckHyphens/validity rules) refuse it. Where WHATWG parsers disagree
+    with each other, Visor takes the URL as unreadable."""
+    try:
+        decoded = label[4:].encode("ascii").decode("punycode")
+    except (UnicodeError, ValueError):
+        return False
+    if not decoded or decoded.isascii():
+        return False
+    try:
+        again = ada_url.idna_to_ascii(decoded)
+    except (ValueError, UnicodeError):
+        return False
+    return (again.decode("ascii", "replace") if isinstance(again, bytes) else str(again)) == label
+
+
 def _whatwg(raw: str) -> tuple[Reading, str, str] | None:
     try:
         parts = ada_url.parse_url(raw)
     except ValueError:
         return None
     scheme = parts["protocol"][:-1].lower()
+    if "xn--" in parts["hostname"] and not all(
+        _punycode_ok(label) for label in parts["hostname"].split(".") if label.startswith("xn--")
+    ):
+        return None
     host = _strip_dot(parts["hostname"])
     if scheme not in SPECIAL_SCHEMES:
         # Opaque hosts keep their case in WHATWG; DNS does not care.
@@ -137,7 +161,7 @@ def _python_host(host: str) -> str | None:
     if host.isascii():
         return host
     try:
-        return host.encode("idna").decode("ascii")
+        return _strip_dot(host.encode("idna").decode("ascii"))
     except UnicodeError:
         return None
 
