@@ -323,6 +323,7 @@ def test_a_hardlink_inside_the_sandbox_is_the_same_file_readings_do_not_follow_i
     os.link(tmp / "outside" / "f.txt", sandbox / "f.txt")
     pol, ses = _policy(sandbox)
     assert paths.forms(f"{sandbox}/f.txt") == (f"{sandbox}/f.txt",)
+    assert _both_allow_rules(pol, ses, f"{sandbox}/f.txt") == ("allow", "allow")
 
 
 # ------------------------------------------------------------------ errors

@@ -136,7 +136,9 @@ def test_a_hardlink_to_a_protected_file_replaced_after_start_up(home: Path, prot
 def test_a_bind_mount_of_the_approval_directory(home: Path, prot: Protected) -> None:
     target = home / "sandbox" / "mnt"
     target.mkdir()
-    r = subprocess.run(["mount", "--bind", str(home / "approvals"), str(target)], capture_output=True, check=False)
+    r = subprocess.run(
+        ["mount", "--bind", str(home / "approvals"), str(target)], capture_output=True, check=False
+    )
     if r.returncode != 0:
         pytest.skip(f"bind mounts are not permitted here: {r.stderr.decode(errors='replace').strip()}")
     try:
