@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench fuzz lint format clean
+.PHONY: setup test demo bench fuzz lint format clean go-toolchain
 
 NODE_SERVER := $(VENV)/node/node_modules/.bin/mcp-server-filesystem
 
@@ -21,7 +21,16 @@ $(NODE_SERVER):
 
 setup: $(STAMP)
 
-test: $(STAMP) $(NODE_SERVER)
+# Go, for the differential tests against a real encoding/json server
+# (tests/differential/test_go_server.py). Debian's golang-go, where apt can
+# install it; without it those tests skip and say why.
+go-toolchain:
+	@command -v go >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q golang-go >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; }; }; } || \
+		echo "note: go could not be installed; the Go differential tests will skip"
+
+test: $(STAMP) $(NODE_SERVER) go-toolchain
 	$(BIN)/ruff check visor tests
 	$(BIN)/python -m pytest -q
 
@@ -30,6 +39,14 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/visor bench
+
+# Every fuzz target for FUZZ_SECONDS each (default 60); non-zero on any crash.
+# atheris (coverage-guided) is installed here; the runner falls back to a
+# hypothesis driver, and says so, where it cannot be.
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[fuzz]' || echo "note: atheris could not be installed; using the fallback driver"
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m tests.fuzz.run
 
 lint: $(STAMP)
 	$(BIN)/ruff check visor tests

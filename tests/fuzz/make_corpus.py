@@ -39,6 +39,15 @@ WIRE_LINES: list[bytes] = [
     _call(b'{"a":[1]}'),
     _req(b'{"name":"echo"}'),
     b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}',
+    # case variants a Go server folds onto protocol members and argument names
+    _req(b'{"name":"w","Arguments":{"path":"/x"}}'),
+    _req(b'{"name":"w","argument\\u017f":{"path":"/x"}}'),
+    _req(b'{"name":"w","arguments":{"PATH":"/x","\\u212aey":1}}'),
+    b'{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"URI":"file:///x"}}',
+    # JSON inside strings: decoded by the SDK for non-str parameters
+    _call(b'{"paths":"[\\"/srv/\\\\u002eenv\\"]"}'),
+    _call(b'{"spec":"{\\"a\\":1,\\"A\\":2}"}'),
+    _call(b'{"limit":"+1_000"}'),
     # framing: CR, CRLF, BOM, NUL, whitespace, trailing data
     b'{"jsonrpc":"2.0",\r"id":1,"method":"ping"}',
     b'{"jsonrpc":"2.0","id":1,"method":"ping"}\r',

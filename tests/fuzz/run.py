@@ -12,7 +12,7 @@ Without atheris, a hypothesis-driven fallback runs the same invariants on
 generated and mutated inputs (not coverage-guided) and says so.
 
 Environment: FUZZ_SECONDS (default 60), FUZZ_RSS_MB (2048), FUZZ_TIMEOUT
-(seconds per input, 10), FUZZ_TARGETS (comma list, default wire,policy),
+(seconds per input, 10), FUZZ_TARGETS (comma list, default every target),
 FUZZ_STRICT=1 (known issues crash), FUZZ_ALLOW_KNOWN=1.
 """
 
@@ -33,6 +33,7 @@ TARGETS = {
     # name: (module, -max_len)
     "wire": ("tests.fuzz.fuzz_wire", 16384),
     "policy": ("tests.fuzz.fuzz_policy", 4096),
+    "shell": ("tests.fuzz.fuzz_shell", 2048),
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+).*?exec/s: (\d+)", re.M)
@@ -140,7 +141,7 @@ def run_fallback(name: str, seconds: int) -> dict:
 
 def main() -> int:
     seconds = int(os.environ.get("FUZZ_SECONDS", "60"))
-    names = [n.strip() for n in os.environ.get("FUZZ_TARGETS", "wire,policy").split(",") if n.strip()]
+    names = [n.strip() for n in os.environ.get("FUZZ_TARGETS", ",".join(TARGETS)).split(",") if n.strip()]
     ARTIFACTS.mkdir(exist_ok=True)
     atheris_ok = _have_atheris()
     if not atheris_ok:
