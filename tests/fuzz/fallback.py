@@ -43,6 +43,10 @@ def main() -> int:
         if target == "wire"
         else lambda d: invariants.check_policy(d.decode("utf-8", "replace"))
     )
+    if target == "shell":
+        from tests.fuzz.fuzz_shell import check as check_shell
+
+        check = lambda d: check_shell(d.decode("utf-8", "replace"))  # noqa: E731
     pool = [p.read_bytes() for p in sorted((CORPUS / target).iterdir())]
     deadline = time.monotonic() + seconds
     execs = 0
