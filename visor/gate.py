@@ -203,7 +203,10 @@ class PolicyGate(Gate):
             return None
         named = self.protected.named_by(value)
         if named is None:
-            decoded = readings.every_decoding(value)
+            try:
+                decoded = readings.every_decoding(value)
+            except readings.AmbiguousJson:
+                return "(arguments nested too deeply to check)"
             if decoded is not None:
                 named = self.protected.named_by(decoded)
         return named

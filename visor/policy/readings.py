@@ -245,6 +245,7 @@ def every_decoding(value: Any, depth: int = 4) -> Any | None:
     For the checks that stand above the policy (Visor's own files): they
     assume the widest reading any server could take, schema or not. A string
     whose JSON is ambiguous is kept as it is here; the evaluator denies it.
+    Raises ``AmbiguousJson`` for a value nested too deeply to walk.
     """
     changed = False
 
@@ -268,5 +269,9 @@ def every_decoding(value: Any, depth: int = 4) -> Any | None:
             return [walk(x, left) for x in v]
         return v
 
-    out = walk(value, depth)
+    try:
+        out = walk(value, depth)
+    except RecursionError:
+        # deeper than can be walked: no reading can be vouched for
+        raise AmbiguousJson("nested too deeply to read") from None
     return out if changed else None
