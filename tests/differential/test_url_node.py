@@ -244,7 +244,7 @@ def test_corpus_is_large_and_varied() -> None:
 
 def _node_host(n: dict) -> str:
     host = n["hostname"]
-    if not n["protocol"][:-1] in urls.SPECIAL_SCHEMES:
+    if n["protocol"][:-1] not in urls.SPECIAL_SCHEMES:
         host = host.lower()
     return host[:-1] if host.endswith(".") and not host.endswith("..") else host
 

@@ -10,6 +10,7 @@ costs the same after ten thousand outputs as after one.
 from __future__ import annotations
 
 import html
+import json
 import re
 import unicodedata
 from collections.abc import Iterator
@@ -99,15 +100,29 @@ _EDGE = ".:!?*#@/\\=&"
 # (eve(c)@x, eve@(c)x). The cleaned variant of a text spells them plainly, so
 # the output index holds the same key the argument side computes. Bounded
 # classes: linear in the text.
-_QUOTED_ATOM = re.compile(r"\"([A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-]{1,64})\"(?=@)")
+_QUOTED_ATOM = re.compile(r"\\?\"([A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-]{1,64})\\?\"(?=@)")
 _AT_COMMENT = re.compile(r"\([^()@\s]{0,64}\)(?=@)|(?<=@)\([^()@\s]{0,64}\)")
 
 
+# JSON string escapes left in text (a server that json.dumps its result into a
+# text field writes "b\u00fccher.example"): the cleaned variant holds the
+# characters, so a unicode address it showed is indexed as itself.
+_JSON_ESCAPES = re.compile(r"(?:\\u[0-9A-Fa-f]{4})+")
+
+
+def _json_unescape(m: re.Match[str]) -> str:
+    try:
+        return json.loads('"' + m.group(0) + '"')
+    except ValueError:
+        return m.group(0)
+
+
 def _clean(raw: str) -> str:
-    """Text as a lenient reader sees it: NFKC, invisible characters dropped,
-    percent- and HTML-decoded, plain spellings of quoted or commented
-    addresses. For indexing output and for non-URL arguments only: a URL is
-    never decoded before it is parsed (urls.read_url reads it raw)."""
+    """Text as a lenient reader sees it: JSON \\u escapes, NFKC, invisible
+    characters dropped, percent- and HTML-decoded, plain spellings of quoted
+    or commented addresses. For indexing output and for non-URL arguments
+    only: a URL is never decoded before it is parsed (urls.read_url reads it
+    raw)."""
     if (
         raw.isascii()
         and "%" not in raw
@@ -115,9 +130,11 @@ def _clean(raw: str) -> str:
         and '"@' not in raw
         and ")@" not in raw
         and "@(" not in raw
+        and "\\u" not in raw
     ):
         return raw.strip()  # nothing to normalise or decode
-    s = unicodedata.normalize("NFKC", raw).translate(_INVISIBLE)
+    s = _JSON_ESCAPES.sub(_json_unescape, raw) if "\\u" in raw else raw
+    s = unicodedata.normalize("NFKC", s).translate(_INVISIBLE)
     for _ in range(3):  # nested percent-encoding, bounded
         t = unquote(s)
         if t == s:
