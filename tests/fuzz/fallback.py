@@ -47,6 +47,10 @@ def main() -> int:
         from tests.fuzz.fuzz_shell import check as check_shell
 
         check = lambda d: check_shell(d.decode("utf-8", "replace"))  # noqa: E731
+    if target == "paths":
+        from tests.fuzz.fuzz_paths import check as check_paths
+
+        check = check_paths
     pool = [p.read_bytes() for p in sorted((CORPUS / target).iterdir())]
     deadline = time.monotonic() + seconds
     execs = 0

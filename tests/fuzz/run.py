@@ -33,6 +33,7 @@ TARGETS = {
     # name: (module, -max_len)
     "wire": ("tests.fuzz.fuzz_wire", 16384),
     "policy": ("tests.fuzz.fuzz_policy", 4096),
+    "paths": ("tests.fuzz.fuzz_paths", 64),
     "shell": ("tests.fuzz.fuzz_shell", 2048),
 }
 
