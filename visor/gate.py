@@ -86,7 +86,7 @@ class Gate:
         """Observe a server's answer to a tools/call; return replacement bytes or None."""
         return None
 
-    def on_tools_list(self, response: Message) -> bytes | None:
+    def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
         return None
 
     def on_client_request(self, msg: Message) -> bytes | None:
@@ -515,11 +515,13 @@ class PolicyGate(Gate):
         # Observed above as the server sent it; the client gets it redacted and within limits.
         return self.guard.tool_result(tool, response)
 
-    def on_tools_list(self, response: Message) -> bytes | None:
+    def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
         result = response.obj.get("result")
         if type(result) is not dict:
             return None
-        events = self.session.observe_tools_list(result)
+        params = request.obj.get("params") if request is not None else None
+        cursor = params.get("cursor") if type(params) is dict else None
+        events = self.session.observe_tools_list(result, cursor)
         for ev in events:
             self._session_event(ev)
         if events and self._pin_saver is not None:

@@ -22,7 +22,7 @@ from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
 if TYPE_CHECKING:
     from visor.policy.evaluate import Decision, ToolCall
 
-PIN_FORMAT = 1
+PIN_FORMAT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +43,25 @@ class Effective:
     packs: tuple[str, ...] = ()
 
 
-def pin_digest(tool: dict) -> str:
-    """SHA-256 of the canonical JSON of the parts of a tool that a rug pull changes."""
-    body = {k: tool.get(k) for k in ("description", "inputSchema", "annotations", "outputSchema")}
+# Every field of a tool that a client shows to the model or to the user, or
+# that changes how the tool runs: a tool re-titled, re-iconed or re-annotated
+# after it was pinned is a changed tool.
+PINNED_FIELDS = (
+    "name", "title", "description", "inputSchema", "outputSchema", "annotations", "icons", "_meta", "execution",
+)  # fmt: skip
+# What pin files of format 1 covered: kept to carry those pins over without a gap.
+_PINNED_FIELDS_V1 = ("description", "inputSchema", "annotations", "outputSchema")
+
+
+def _digest(tool: dict, fields: tuple[str, ...]) -> str:
+    body = {k: tool.get(k) for k in fields}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def pin_digest(tool: dict) -> str:
+    """SHA-256 of the canonical JSON of every pinned field of a tool."""
+    return _digest(tool, PINNED_FIELDS)
 
 
 def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
@@ -126,6 +140,12 @@ class SessionState:
         self.late: set[str] = set()
         self.listing_complete = False
         self.listing_seen = False
+        # The first listing may come in pages; only pages fetched by following
+        # its own nextCursor belong to it. A listing started afresh before it
+        # was complete closes it: tools first seen after that are late.
+        self._next_cursor: str | None = None
+        # format-1 pins (fewer fields): a tool whose old digest still matches is re-pinned in full
+        self._legacy_pins: dict[str, str] = {}
         self.pins_loaded_from: str | None = None
         self.server_info_pin: str | None = None
         self.server_changed = False
@@ -221,11 +241,19 @@ class SessionState:
             return [SessionEvent("pin_changed", None, {"server_info": name, "pinned": self.server_info_pin})]
         return []
 
-    def observe_tools_list(self, result: dict) -> list[SessionEvent]:
+    def observe_tools_list(self, result: dict, cursor: object = None) -> list[SessionEvent]:
+        """Pin a tools/list page. ``cursor`` is the ``params.cursor`` of the request it answers."""
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
             return []
         events: list[SessionEvent] = []
+        if (
+            self.listing_seen
+            and not self.listing_complete
+            and (cursor is None or cursor != self._next_cursor)
+        ):
+            # not the next page of the first listing: that listing ends here, incomplete
+            self.listing_complete = True
         self.listing_seen = True
         for tool in tools:
             if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
@@ -237,6 +265,18 @@ class SessionState:
                 self.schemas[name] = tool.get("inputSchema")
                 self._names.pop(name, None)
             pinned = self.pins.get(name)
+            legacy = self._legacy_pins.pop(name, None)
+            if legacy is not None and pinned is None:
+                if _digest(tool, _PINNED_FIELDS_V1) == legacy:
+                    self.pins[name] = digest
+                    self.baseline.add(name)
+                    events.append(SessionEvent("pin", name, {"sha256": digest, "upgraded_from": legacy}))
+                else:
+                    self.pins[name] = legacy
+                    self.baseline.add(name)
+                    self.changed.add(name)
+                    events.append(SessionEvent("pin_changed", name, {"pinned": legacy, "sha256": digest}))
+                continue
             if pinned is None:
                 self.pins[name] = digest
                 if self.listing_complete:
@@ -249,8 +289,12 @@ class SessionState:
             elif pinned != digest and name not in self.changed:
                 self.changed.add(name)
                 events.append(SessionEvent("pin_changed", name, {"pinned": pinned, "sha256": digest}))
-        if not result.get("nextCursor"):
-            self.listing_complete = True
+        nxt = result.get("nextCursor")
+        if not self.listing_complete:
+            if isinstance(nxt, str) and nxt:
+                self._next_cursor = nxt
+            else:
+                self.listing_complete = True
         self._reselect_packs()
         return events
 
@@ -318,8 +362,8 @@ class SessionState:
 
     def import_pins(self, data: dict) -> None:
         """Adopt pins saved by an earlier session: they become this session's first listing."""
-        if not isinstance(data, dict) or data.get("format") != PIN_FORMAT:
-            raise ValueError("not a Visor pin file (format 1)")
+        if not isinstance(data, dict) or data.get("format") not in (1, PIN_FORMAT):
+            raise ValueError(f"not a Visor pin file (format 1 or {PIN_FORMAT})")
         tools = data.get("tools")
         if not isinstance(tools, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in tools.items()
@@ -328,10 +372,16 @@ class SessionState:
         info = data.get("server_info")
         if info is not None and not isinstance(info, str):
             raise ValueError("pin file 'server_info' must be a string")
-        self.pins.update(tools)
-        self.baseline.update(tools)
+        if data["format"] == 1:
+            # Pinned before titles, icons, _meta and execution were: each is
+            # re-pinned in full on its first listing if its old digest matches.
+            self._legacy_pins.update(tools)
+        else:
+            self.pins.update(tools)
+            self.baseline.update(tools)
         if tools:
             self.listing_complete = True
+            self.listing_seen = True
         if info is not None:
             self.server_info_pin = info
         self._reselect_packs()

@@ -87,6 +87,12 @@ def test_changed_definition_is_a_rug_pull() -> None:
         {"inputSchema": {"type": "object", "properties": {"x": {"type": "string"}}}},
         {"annotations": {"destructiveHint": True}},
         {"outputSchema": {"type": "object"}},
+        # everything a client shows to the model or the user, or that changes how it runs
+        {"title": "Read (now also sends mail)"},
+        {"icons": [{"src": "data:image/png;base64,AAAA"}]},
+        {"_meta": {"vendor/hint": "call me first"}},
+        {"execution": {"taskSupport": "required"}},
+        {"annotations": {"title": "Harmless"}},
     ],
 )
 def test_any_pinned_part_changing_is_detected(change: dict) -> None:
@@ -96,10 +102,49 @@ def test_any_pinned_part_changing_is_detected(change: dict) -> None:
     assert decide(OPEN, s, "read").rule == "pin.changed_tool"
 
 
-def test_pin_ignores_key_order_and_title() -> None:
+def test_pin_ignores_key_order_but_not_the_title() -> None:
     a = {"name": "t", "inputSchema": {"type": "object", "properties": {"a": {}, "b": {}}}}
-    b = {"inputSchema": {"properties": {"b": {}, "a": {}}, "type": "object"}, "name": "t", "title": "T"}
+    b = {"inputSchema": {"properties": {"b": {}, "a": {}}, "type": "object"}, "name": "t"}
     assert pin_digest(a) == pin_digest(b)
+    assert pin_digest({**a, "title": "T"}) != pin_digest(a)
+
+
+def test_a_first_listing_the_client_never_paged_through_trusts_no_later_tool() -> None:
+    s = SessionState(OPEN, "s")
+    s.observe_tools_list({"tools": [_tool("read")], "nextCursor": "p2"})
+    # the client starts a new listing instead of asking for page 2
+    events = s.observe_tools_list({"tools": [_tool("read"), _tool("exfil")]})
+    assert [e.kind for e in events] == ["pin_new"]
+    assert decide(OPEN, s, "exfil").rule == "pin.new_tool"
+    assert decide(OPEN, s, "read").action == "allow"
+
+
+def test_pages_fetched_by_the_first_listings_own_cursor_belong_to_it() -> None:
+    s = SessionState(OPEN, "s")
+    s.observe_tools_list({"tools": [_tool("a")], "nextCursor": "p2"}, cursor=None)
+    s.observe_tools_list({"tools": [_tool("b")], "nextCursor": "p3"}, cursor="p2")
+    # a cursor the server never handed out is not a continuation
+    s.observe_tools_list({"tools": [_tool("c")]}, cursor="forged")
+    assert decide(OPEN, s, "a").action == "allow"
+    assert decide(OPEN, s, "b").action == "allow"
+    assert decide(OPEN, s, "c").rule == "pin.new_tool"
+
+
+def test_format_1_pins_carry_over_and_are_repinned_in_full() -> None:
+    from visor.session import _PINNED_FIELDS_V1, _digest
+
+    old = {"format": 1, "server": "s", "tools": {t: _digest(_tool(t), _PINNED_FIELDS_V1) for t in ("a", "b")}}
+    s = SessionState(OPEN, "s")
+    s.import_pins(old)
+    # a tool whose pinned parts changed since the old file is a rug pull
+    s.observe_tools_list({"tools": [_tool("a"), _tool("b", "now it also sends mail")]})
+    assert decide(OPEN, s, "a").action == "allow"
+    assert decide(OPEN, s, "b").rule == "pin.changed_tool"
+    assert s.export_pins()["format"] == 2
+    assert s.export_pins()["tools"]["a"] == pin_digest(_tool("a"))
+    # the re-pinned tool is held to every field from now on
+    s.observe_tools_list({"tools": [{**_tool("a"), "title": "A (new)"}, _tool("b")]})
+    assert decide(OPEN, s, "a").rule == "pin.changed_tool"
 
 
 def test_tool_added_after_the_first_listing_is_denied() -> None:
@@ -114,8 +159,8 @@ def test_tool_added_after_the_first_listing_is_denied() -> None:
 def test_paginated_first_listing_pins_every_page() -> None:
     s = SessionState(OPEN, "s")
     s.observe_tools_list({"tools": [_tool("a")], "nextCursor": "p2"})
-    s.observe_tools_list({"tools": [_tool("b")], "nextCursor": "p3"})
-    s.observe_tools_list({"tools": [_tool("c")]})
+    s.observe_tools_list({"tools": [_tool("b")], "nextCursor": "p3"}, cursor="p2")
+    s.observe_tools_list({"tools": [_tool("c")]}, cursor="p3")
     for t in "abc":
         assert decide(OPEN, s, t).action == "allow"
     s.observe_tools_list({"tools": [_tool("d")]})
@@ -146,7 +191,7 @@ def test_pins_export_and_import() -> None:
 
 def test_import_rejects_garbage() -> None:
     s = SessionState(OPEN, "s")
-    for bad in ({}, {"format": 1, "tools": {"a": "short"}}, {"format": 2, "tools": {}}, []):
+    for bad in ({}, {"format": 1, "tools": {"a": "short"}}, {"format": 3, "tools": {}}, []):
         with pytest.raises(ValueError):
             s.import_pins(bad)  # type: ignore[arg-type]
 

@@ -195,18 +195,31 @@ class _WriteProtocol(asyncio.Protocol):
 
 
 class _FileWriteTransport(asyncio.WriteTransport):
-    """Stdout redirected to a regular file: writes cannot block for long, so write directly."""
+    """Stdout that the event loop cannot watch (a regular file, /dev/null): write directly.
 
-    def __init__(self, fd: int) -> None:
+    Such writes cannot block for long. A failed write (a full disk, a
+    descriptor opened for reading only) ends the client's side of the
+    session the way a closed pipe does, through `lost`.
+    """
+
+    def __init__(self, fd: int, lost: Callable[[], None]) -> None:
         super().__init__()
         self._fd = fd
         self._closing = False
+        self._lost = lost
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+        except OSError as exc:
+            log.warning("client_stdout_failed", error=exc.strerror or repr(exc))
+            self._closing = True
+            asyncio.get_running_loop().call_soon(self._lost)
 
     def writelines(self, list_of_data: Any) -> None:
         self.write(b"".join(list_of_data))
@@ -223,6 +236,28 @@ class _FileWriteTransport(asyncio.WriteTransport):
 
 _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
+
+
+def _pollable(fd: int) -> bool:
+    """Whether the event loop can watch `fd`: a pipe, a socket or a terminal.
+
+    Anything else (a regular file, /dev/null and other character devices) is
+    refused by epoll, and uvloop aborts the whole process on it; those are
+    read in a thread and written directly instead.
+    """
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
+def _fd_kind(fd: int) -> str:
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a pipe"
 
 
 def _grow_pipe(fd: int) -> None:
@@ -282,6 +317,7 @@ class Relay:
         self._client_closed = False
         self._server_closed = False
         self._stopping = False
+        self.gate_closed = False
         self._pause_reasons: set[str] = set()
         # Visor's own requests to the client (approvals), by id.
         self._visor_requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -301,7 +337,10 @@ class Relay:
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+            # Every exit path, an exception included: nothing of the server's
+            # process group survives, and the server itself is reaped (no zombie).
             upstream_mod.kill_group(self._upstream.pid)
+            await upstream_mod.reap(self._upstream)
         return upstream_mod.exit_status(returncode)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, client_in_fd: int, client_out_fd: int) -> None:
@@ -322,8 +361,9 @@ class Relay:
         )
         self._server_out = server_out
 
-        if stat.S_ISREG(os.fstat(client_out_fd).st_mode):
-            client_out: asyncio.WriteTransport = _FileWriteTransport(client_out_fd)
+        if not _pollable(client_out_fd):
+            log.info("client_stdout_not_a_pipe", kind=_fd_kind(client_out_fd))
+            client_out: asyncio.WriteTransport = _FileWriteTransport(client_out_fd, self._on_client_gone)
             self._client_out_proto: _WriteProtocol | None = None
         else:
             self._client_out_proto = _WriteProtocol(
@@ -338,7 +378,8 @@ class Relay:
         self.to_server = Outbox(loop, server_in)
         self.to_client = Outbox(loop, client_out)
 
-        if stat.S_ISREG(os.fstat(client_in_fd).st_mode):
+        if not _pollable(client_in_fd):
+            log.info("client_stdin_not_a_pipe", kind=_fd_kind(client_in_fd))
             self._client_in: asyncio.ReadTransport | None = None
             loop.create_task(self._read_file(client_in_fd))
         else:
@@ -348,10 +389,14 @@ class Relay:
             )
 
     async def _read_file(self, fd: int) -> None:
-        # A regular file cannot be watched by the event loop; read it in a thread.
+        # A regular file or a device cannot be watched by the event loop; read it in a thread.
         while True:
-            data = await self._loop.run_in_executor(None, os.read, fd, _READ_CHUNK)
-            if not data:
+            try:
+                data = await self._loop.run_in_executor(None, os.read, fd, _READ_CHUNK)
+            except OSError as exc:
+                log.warning("client_stdin_failed", error=exc.strerror or repr(exc))
+                break
+            if not data or self._client_closed:
                 break
             self._on_client_data(data)
             while self._pause_reasons and not self._client_closed:
@@ -363,6 +408,7 @@ class Relay:
         up = self._upstream
         returncode = await upstream_mod.stop(up, self.config.shutdown_grace, self.config.term_grace)
         await self._close_client_out()
+        self.gate_closed = True
         await self.gate.close()
         log.info("session_end", returncode=returncode)
         return returncode
@@ -494,7 +540,9 @@ class Relay:
                     self.to_client.write(verdict)  # denied: the server never sees it
                     return
                 line = verdict[1:]
-        pending[msg.id] = PendingRequest(method, None, None, time.perf_counter(), True)
+        # a tools/list request is kept: its cursor tells which listing a page belongs to
+        kept = msg if method == "tools/list" else None
+        pending[msg.id] = PendingRequest(method, kept, None, time.perf_counter(), True)
         self.to_server.write(line)
 
     def _client_tool_call(self, msg: Message) -> None:
@@ -777,7 +825,7 @@ class Relay:
         if entry.method == "tools/call":
             replacement = self.gate.on_tool_result(entry.msg, entry.tool, msg)
         elif entry.method == "tools/list":
-            replacement = self.gate.on_tools_list(msg)
+            replacement = self.gate.on_tools_list(msg, entry.msg)
         elif entry.method in _REDACTED_RESULTS:
             replacement = self.gate.on_response(entry.method, msg)
         elif entry.method == "initialize":
