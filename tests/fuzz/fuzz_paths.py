@@ -23,7 +23,9 @@ Run through `python -m tests.fuzz.run` (FUZZ_TARGETS=paths), or by hand:
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import unicodedata
@@ -57,6 +59,7 @@ def _setup() -> dict[str, object]:
     if _STATE:
         return _STATE
     root = os.path.realpath(tempfile.mkdtemp(prefix="visor-fuzz-paths-"))
+    atexit.register(shutil.rmtree, root, True)
     sandbox = os.path.join(root, "sandbox")
     os.makedirs(os.path.join(sandbox, "sub", "sub"))
     os.makedirs(os.path.join(root, "outside", "deep"))
