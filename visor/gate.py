@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from visor.approval.model import arguments_digest, make_request, remember_scope
+from visor.approval.model import arguments_digest, focus_arguments, make_request, remember_scope
 from visor.approval.protected import Protected
 from visor.audit.writer import AuditUnhealthy
 from visor.gating import DENIED_REQUEST, DataGuard
@@ -95,11 +95,15 @@ class Gate:
         return None
 
     def on_response(self, method: str, response: Message) -> bytes | None:
-        """A resources/read or prompts/get result: replacement bytes or None."""
+        """A resources/read, prompts/get or tasks/result answer: replacement bytes or None."""
         return None
 
     def on_server_request(self, msg: Message) -> bytes | None:
         """A request from the server: an error line to send back to it (refused), or None (relay it)."""
+        return None
+
+    def rewrite_server_request(self, msg: Message) -> bytes | None:
+        """A relayed server request as the client may see it, or None to relay it unchanged."""
         return None
 
     def on_server_info(self, info: dict[str, Any]) -> None:
@@ -279,8 +283,10 @@ class PolicyGate(Gate):
             )
             return self._allow(msg, call, allow, ctx, {"approval": "remembered"})
         broker = self.approvals
-        if broker is None or not broker.channels_for(ctx):
-            return self._deny(msg, self._no_approval(decision, "unavailable"), ctx)
+        out_of_band_only = self._out_of_band_only(call)
+        if broker is None or not broker.channels_for(ctx, out_of_band_only=out_of_band_only):
+            failure = "out_of_band" if out_of_band_only else "unavailable"
+            return self._deny(msg, self._no_approval(decision, failure), ctx)
         verdict: asyncio.Future[Forward | Answer | Drop] = asyncio.get_running_loop().create_future()
         task = asyncio.get_running_loop().create_task(self._wait(msg, call, decision, ctx, verdict))
         self._waiting[msg.id] = task
@@ -317,12 +323,21 @@ class PolicyGate(Gate):
                 f"this call needs a human's approval ({decision.reason}) and no approval channel could "
                 "ask (the client's elicitation failed or the approval directory is unwritable), so it is denied"
             )
+        elif failure == "out_of_band":
+            rule = "approval.unavailable"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and the policy lets only an "
+                "out-of-band channel answer for this tool (approval: out_of_band), never the client's "
+                "elicitation; Visor has none, so it is denied; to be asked, run visor with "
+                "--approval-dir DIR (answer with `visor approve`) or --approval-tty"
+            )
         else:
             rule = "approval.unavailable"
             text = (
                 f"this call needs a human's approval ({decision.reason}) and Visor has no approval channel "
                 "for it, so it is denied; to be asked, run visor with --approval-dir DIR (answer with "
-                "`visor approve`) or --approval-tty, or use a client that supports MCP elicitation"
+                "`visor approve`) or --approval-tty, or use a client that declares MCP elicitation "
+                "in initialize"
             )
         return Decision("deny", rule, text, decision.destination, decision.argument)
 
@@ -353,8 +368,9 @@ class PolicyGate(Gate):
                     argument=current.argument,
                     now=time.time(),
                     timeout=broker.timeout,
+                    focus=self._approval_focus(call, current),
                 )
-                outcome = await broker.ask(req, ctx)
+                outcome = await broker.ask(req, ctx, out_of_band_only=self._out_of_band_only(call))
                 answer = outcome.answer
                 if answer is None:
                     verdict.set_result(self._deny(msg, self._no_approval(current, outcome.failure), ctx))
@@ -455,12 +471,41 @@ class PolicyGate(Gate):
         self, msg: Message, decision: Decision, answer: ApprovalAnswer, approval_id: str, hash_: str
     ) -> None:
         event = self._event(msg, "approve" if answer.approved else "decline", decision)
-        event.update(channel=answer.channel, approval=approval_id, call_hash=hash_, remember=answer.remember)
+        event.update(
+            channel=answer.channel,
+            approval=approval_id,
+            call_hash=hash_,
+            remember=answer.remember,
+            client_reported=answer.client_reported,
+        )
         if answer.who is not None:
-            event["who"] = answer.who
+            event["answered_by"] = answer.who
+            if not answer.client_reported:
+                # A person Visor can name (answer-file owner, terminal owner);
+                # a client's self-reported name is never recorded as one.
+                event["who"] = answer.who
         if answer.detail is not None:
             event["detail"] = answer.detail
         self._append(event)
+
+    def _out_of_band_only(self, call: ToolCall) -> bool:
+        """The policy lets only the directory or the terminal answer this tool (`approval: out_of_band`)."""
+        try:
+            entry = self.session.effective(call.tool).entry
+        except Exception:  # an unreadable entry: the stricter reading
+            log.exception("approval_mode_failed", tool=call.tool)
+            return True
+        return entry is not None and entry.approval == "out_of_band"
+
+    def _approval_focus(self, call: ToolCall, decision: Decision) -> tuple[str, ...]:
+        """The arguments a human sees first: the one the rule read, then every checked one."""
+        try:
+            entry = self.session.effective(call.tool).entry
+            extra = (*entry.write_params, *entry.sink_params) if entry is not None else ()
+            return focus_arguments(call.arguments, decision.argument, extra)
+        except Exception:
+            log.exception("approval_focus_failed", tool=call.tool)
+            return ()
 
     def on_withdrawn(self, msg: Message) -> None:
         # The allow is on record; this says the call never reached the server.
@@ -556,10 +601,30 @@ class PolicyGate(Gate):
         return self.guard.client_request(msg)
 
     def on_response(self, method: str, response: Message) -> bytes | None:
+        """A resources/read, prompts/get or tasks/result answer: untrusted output like a tool
+        result (indexed for provenance as the server sent it), redacted for the client."""
+        obj = response.obj
+        payload = obj.get("result", obj.get("error"))
+        if type(payload) is dict:
+            self.session.observe_output(None, payload)
+        if method == "tasks/result":
+            # the deferred result of a task-augmented tools/call: a tool result in all but timing
+            return self.guard.tool_result(None, response)
         return self.guard.response(method, response)
 
     def on_server_request(self, msg: Message) -> bytes | None:
-        return self.guard.server_request(msg)
+        refusal = self.guard.server_request(msg)
+        if refusal is None:
+            # What the server asks the client's model (sampling) or user (elicitation)
+            # to read is the server's text: untrusted output.
+            params = msg.obj.get("params")
+            if type(params) is dict:
+                self.session.observe_output(None, params)
+        return refusal
+
+    def rewrite_server_request(self, msg: Message) -> bytes | None:
+        """The server request as the client may see it (secrets redacted), or None if unchanged."""
+        return self.guard.redact_server_request(msg)
 
     def on_server_info(self, info: dict[str, Any]) -> None:
         for ev in self.session.observe_server_info(info):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from visor import redact
-from visor.policy import paths
+from visor.policy import paths, readings
 from visor.wire import errors
 
 if TYPE_CHECKING:
@@ -113,6 +113,37 @@ def prompt_decision(policy: Policy, server: str, name: str) -> Decision | None:
     entry = policy.server(server)
     prefix = f"servers[{entry.name}].prompts" if entry else "prompts"
     return _acl(entry.prompts if entry else None, (name,), prefix, f"prompt {name!r}")
+
+
+def prompt_arguments_decision(policy: Policy, arguments: dict[str, Any]) -> Decision | None:
+    """A deny when a prompt argument names a sensitive file, under every reading of it.
+
+    A prompt that reads a file named by its argument hands the file to the
+    model as surely as a tool does: its arguments get the tool arguments'
+    path and sensitive-file checks (Visor's own files are checked by the gate).
+    """
+    extra = policy.settings.sensitive_paths + policy.redaction.sensitive_files
+    candidates: list[dict[str, Any]] = [arguments]
+    try:
+        decoded = readings.every_decoding(arguments)
+    except readings.AmbiguousJson as e:
+        return _decision("deny", "prompt.invalid", f"a prompt argument cannot be read with certainty: {e}")
+    if decoded is not None:
+        candidates.append(decoded)
+    for args in candidates:
+        for name, raw in paths.iter_path_values(args):
+            try:
+                forms = paths.forms(raw)
+            except paths.PathError as e:
+                return _decision("deny", "prompt.invalid", f"prompt argument {name!r} cannot be checked: {e}")
+            for form in forms:
+                if paths.is_sensitive(form, extra):
+                    return _decision(
+                        "deny",
+                        "prompt.sensitive",
+                        f"prompt argument {name!r} names a sensitive file ({form})",
+                    )
+    return None
 
 
 def server_request_decision(policy: Policy, server: str, method: str) -> Decision | None:
@@ -322,10 +353,12 @@ class DataGuard:
             if type(name) is not str:
                 return None
             decision = prompt_decision(self.policy, self.server, name)
+            args = params.get("arguments")
+            if decision is None and type(args) is dict:
+                decision = prompt_arguments_decision(self.policy, args)
             if decision is not None:
                 self._denied(decision, msg, prompt=name)
                 return self._error(msg, decision)
-            args = params.get("arguments")
             pset = self.redactor.arguments
             if type(args) is dict and pset.may_match(msg.raw):
                 new_args, findings = redact.redact_arguments(pset, args)
@@ -358,6 +391,19 @@ class DataGuard:
             return None
         self._redacted("output", response.id, findings, method=method)
         return _rewrite(response.obj, "result", new)
+
+    def redact_server_request(self, msg: Message) -> bytes | None:
+        """A sampling/createMessage or elicitation/create with secrets in its text redacted."""
+        params = msg.obj.get("params")
+        pset = self.redactor.outputs
+        if type(params) is not dict or not pset.may_match(msg.raw):
+            return None
+        findings: list[redact.Finding] = []
+        new = redact.redact_value(params, pset, "$.params", findings)
+        if not findings:
+            return None
+        self._redacted("server_request", msg.id, findings, method=msg.method)
+        return _rewrite(msg.obj, "params", new)
 
     def server_request(self, msg: Message) -> bytes | None:
         """An error line to send back to the server when its request is refused, else None."""

@@ -42,7 +42,8 @@ _MODERN_CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
 _SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 # Methods beyond tools/call that the gate sees (visor/gating.py).
 _GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
-_REDACTED_RESULTS = frozenset(("resources/read", "prompts/get"))
+# Answers that carry server content: indexed as untrusted output and redacted.
+_REDACTED_RESULTS = frozenset(("resources/read", "prompts/get", "tasks/result"))
 _GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create"))
 
 
@@ -783,8 +784,18 @@ class Relay:
                 if refusal is not None:
                     self.to_server.write(refusal)  # the client never sees a refused request
                     return
+                try:
+                    line = self.gate.rewrite_server_request(msg) or msg.raw
+                except Exception:
+                    log.exception("gate_failed", method=msg.method)
+                    self.to_server.write(
+                        errors.error_response(msg.id, errors.INTERNAL_ERROR, "Visor could not check this request")
+                    )
+                    return
+            else:
+                line = msg.raw
             pending[msg.id] = msg.method  # type: ignore[assignment]
-            self.to_client.write(msg.raw)
+            self.to_client.write(line)
         else:
             if msg.method == "notifications/cancelled":
                 params = msg.obj.get("params") or {}
