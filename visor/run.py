@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,38 @@ from visor.relay.upstream import SpawnError
 # The client's pipes, moved off fds 0 and 1 by protect_stdio().
 _WIRE_IN: int | None = None
 _WIRE_OUT: int | None = None
+# Why the wire cannot be used (a closed or wrong-way descriptor); run_command says so and exits.
+_WIRE_PROBLEM: str | None = None
+_PROTECTED = False
+
+_WIRE_NAMES = {0: "stdin (file descriptor 0)", 1: "stdout (file descriptor 1)"}
+
+
+def _wire_problem(fd: int, *, reading: bool, was_closed: bool) -> str | None:
+    """Why `fd` cannot carry the client's side of the wire, or None."""
+    name = _WIRE_NAMES[fd]
+    if was_closed:
+        return f"{name} is closed"
+    try:
+        st = os.fstat(fd)
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError as exc:
+        return f"{name} cannot be used: {exc.strerror or exc}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{name} is a directory"
+    if reading and mode == os.O_WRONLY:
+        return f"{name} is open for writing only; Visor reads the client's messages from it"
+    if not reading and mode == os.O_RDONLY:
+        return f"{name} is open for reading only; Visor writes the answers to it"
+    return None
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def protect_stdio() -> None:
@@ -26,19 +61,56 @@ def protect_stdio() -> None:
     Any stray print (a library, a crash handler, argparse) then lands on
     stderr instead of corrupting the protocol stream, and nothing but the
     relay can read the client's stdin: approval answers can never come from it.
+
+    Never raises: a closed or unusable descriptor is recorded in
+    `_WIRE_PROBLEM`, and `visor run` reports it on stderr and exits non-zero
+    before it starts the server.
     """
-    global _WIRE_IN, _WIRE_OUT
-    if _WIRE_IN is not None:
+    global _WIRE_IN, _WIRE_OUT, _WIRE_PROBLEM, _PROTECTED
+    if _PROTECTED:
         return
-    _WIRE_IN = os.dup(0)
-    _WIRE_OUT = os.dup(1)
-    os.set_inheritable(_WIRE_IN, False)
-    os.set_inheritable(_WIRE_OUT, False)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    sys.stdout.flush()
-    os.dup2(2, 1)
+    _PROTECTED = True
+    # Python sets sys.stdin/sys.stdout to None when the descriptor was closed at
+    # start-up; by now a library may have been given that number by open().
+    closed = {0: sys.stdin is None or not _is_open(0), 1: sys.stdout is None or not _is_open(1)}
+    problems = [
+        p for fd in (0, 1) if (p := _wire_problem(fd, reading=fd == 0, was_closed=closed[fd])) is not None
+    ]
+    if problems:
+        _WIRE_PROBLEM = (
+            "; ".join(problems) + ". Visor relays the MCP client's messages over its stdin and stdout: "
+            "start it with both connected (a pipe, a file or /dev/null)"
+        )
+    # Fill closed standard descriptors first, so that no dup below can be handed 0, 1 or 2.
+    for fd in (0, 1, 2):
+        if not _is_open(fd):
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, os.O_RDWR)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+    if _WIRE_PROBLEM is None:
+        _WIRE_IN = os.dup(0)
+        _WIRE_OUT = os.dup(1)
+        os.set_inheritable(_WIRE_IN, False)
+        os.set_inheritable(_WIRE_OUT, False)
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.close(null)
+    if sys.stdout is None:
+        # stdout was closed at start-up: argparse's help and stray prints go to stderr now.
+        sys.stdout = sys.stderr
 
 
 def default_audit_path_for(server_name: str, command: list[str]) -> Path:
@@ -166,6 +238,10 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
     logs.configure(args.log_level, args.log_format)
     log = logs.get_logger("visor.run")
     protect_stdio()
+    if _WIRE_PROBLEM is not None:
+        # Before the server starts: there is nothing to stop or reap.
+        print(f"visor run: {_WIRE_PROBLEM}", file=sys.stderr)
+        return 2
     assert _WIRE_IN is not None and _WIRE_OUT is not None
     config = RelayConfig(
         max_message_bytes=args.max_message_bytes,
@@ -180,7 +256,16 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
         gate = Gate() if args.no_checks else _build_gate(args, command)
-        return await Relay(command, config, gate).run(_WIRE_IN, _WIRE_OUT)  # type: ignore[arg-type]
+        relay = Relay(command, config, gate)
+        try:
+            return await relay.run(_WIRE_IN, _WIRE_OUT)  # type: ignore[arg-type]
+        finally:
+            if not relay.gate_closed:
+                # The session failed before its normal end (the server could not
+                # start, the client's descriptors could not be used): the records
+                # written so far still reach the disk, and the writer stops.
+                with contextlib.suppress(Exception):
+                    await gate.close()
 
     try:
         return uvloop.run(session())

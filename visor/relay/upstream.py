@@ -87,6 +87,12 @@ async def stop(upstream: Upstream, grace: float, term_grace: float) -> int:
     return await proc.wait()
 
 
+async def reap(upstream: Upstream, timeout: float = 5.0) -> None:
+    """Collect the server's exit status after `kill_group`, so that it is never left a zombie."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(upstream.process.wait(), timeout)
+
+
 def kill_group(pid: int) -> None:
     """Last resort: make sure nothing of the server's process group survives."""
     _signal_group(pid, signal.SIGKILL)
