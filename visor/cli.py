@@ -85,6 +85,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     run.add_argument(
         "--approval-tty", action="store_true", help="ask for approvals on /dev/tty (never stdin)"
     )
+    run.add_argument(
+        "--approval-elicitation",
+        action="store_true",
+        help="also let the MCP client answer approvals (elicitation) next to --approval-dir or "
+        "--approval-tty; without this flag the client is never asked when either is given. "
+        "The client's code can accept on its own: its answers are recorded as client-reported",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)

@@ -12,7 +12,29 @@ from typing import Literal
 
 import structlog
 
+from visor.display import escape
+
 LogFormat = Literal["json", "console"]
+
+
+def _safe(value: object, keep: str = "") -> object:
+    if isinstance(value, str):
+        return escape(value, keep=keep)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    # Containers and objects are shown as their repr, which already escapes
+    # what str.isprintable() refuses; escape() catches anything a custom repr lets through.
+    return escape(repr(value))
+
+
+def escape_controls(_logger: object, _name: str, event_dict: dict) -> dict:  # type: ignore[type-arg]
+    """Every value a log line shows, with control characters made visible.
+
+    Values come from the agent, the client and the server (tool names,
+    arguments, error text): an escape sequence in one must not reach the
+    operator's terminal. A traceback keeps its own line breaks.
+    """
+    return {escape(str(k)): _safe(v, "\n" if k == "exception" else "") for k, v in event_dict.items()}
 
 
 def configure(level: str = "info", fmt: LogFormat = "console") -> None:
@@ -21,7 +43,8 @@ def configure(level: str = "info", fmt: LogFormat = "console") -> None:
         raise ValueError(f"unknown log level {level!r}")
     renderer: structlog.typing.Processor
     if fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
+        # ASCII-only JSON: every control character is a \\u escape.
+        renderer = structlog.processors.JSONRenderer(ensure_ascii=True)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
@@ -29,6 +52,8 @@ def configure(level: str = "info", fmt: LogFormat = "console") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            # JSON escapes controls itself; the console renderer prints strings raw.
+            *([] if fmt == "json" else [escape_controls]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

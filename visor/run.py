@@ -213,7 +213,13 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
 
 
 def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
-    """The approval channels the options ask for; elicitation joins per call when the client offers it."""
+    """The approval channels the operator chose.
+
+    `--approval-dir` and `--approval-tty` are out of band: the client cannot
+    answer them. MCP elicitation goes through the client, so next to either
+    of them it is used only with `--approval-elicitation`; with neither, it is
+    the only channel and joins a call when the client declared it in initialize.
+    """
     from visor.approval.broker import ApprovalBroker, Channel
     from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
     from visor.approval.tty import TtyChannel, TtyError, probe
@@ -231,7 +237,8 @@ def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
         except TtyError as exc:
             raise StartupError(str(exc)) from exc
         channels.append(TtyChannel())
-    return ApprovalBroker(channels=channels, timeout=float(timeout))
+    elicitation = True if getattr(args, "approval_elicitation", False) else None
+    return ApprovalBroker(channels=channels, timeout=float(timeout), elicitation=elicitation)
 
 
 def run_command(args: argparse.Namespace, command: list[str]) -> int:

@@ -79,6 +79,10 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
         allowed=over.allowed if over.allowed is not None else base.allowed,
         risk=over.risk or base.risk,
         approval_required=over.approval_required or base.approval_required,
+        # stricter wins: out_of_band on either side keeps the client's elicitation out
+        approval="out_of_band"
+        if "out_of_band" in (over.approval, base.approval)
+        else over.approval or base.approval,
         description=over.description or base.description,
         rules=base.rules + over.rules,
         exfiltrating=over.exfiltrating if over.exfiltrating is not None else base.exfiltrating,

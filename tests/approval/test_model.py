@@ -75,10 +75,12 @@ def test_remember_scope() -> None:
 
 def test_describe_says_what_and_why() -> None:
     text = model.describe(_req())
-    assert "send_email" in text and "new@example.org" in text and "argument 'to'" in text
+    assert "send_email" in text and "new@example.org" in text and 'argument "to"' in text
     assert "provenance.unknown_destination" in text and "agent's request" in text
     long = model.describe(_req(arguments={"body": "x" * 5000}))
-    assert "characters)" in long and len(long) < 2000
+    # cut, never silently: how much is hidden and how to see it
+    assert "[4702 of 5002 characters hidden]" in long and len(long) < 2000
+    assert "NOT SHOWN: 4702 characters" in long and "visor approve --show" in long
 
 
 def test_answer_file_counts_only_for_its_own_request() -> None:
@@ -159,9 +161,11 @@ def test_elicitation_only_accept_with_approve_approves() -> None:
     req = _req()
     parse = elicitation.parse_response
     ok = parse(_resp({"action": "accept", "content": {"decision": "approve", "remember": True}}), req, "c")
-    assert ok is not None and ok.approved and ok.remember and ok.channel == "elicitation" and ok.who == "c"
+    assert ok is not None and ok.approved and ok.remember and ok.channel == "elicitation"
+    # the client's name is what the client says, never a person Visor identified
+    assert ok.who == "client-reported:c" and ok.client_reported is True
     no = parse(_resp({"action": "accept", "content": {"decision": "deny"}}), req, None)
-    assert no is not None and not no.approved
+    assert no is not None and not no.approved and no.who == "client-reported:unknown" and no.client_reported
     for action in ("decline", "cancel"):
         ans = parse(_resp({"action": action}), req, None)
         assert ans is not None and not ans.approved

@@ -134,7 +134,8 @@ def test_show_table_and_filters(log, capsys):
     assert cli("audit", "show", "--file", str(log)) == 0
     out = capsys.readouterr().out
     assert "send_email" in out and "read_inbox" in out and "taint" not in out.split("\n", 1)[1]
-    assert "\x1b" not in out and "\x07" not in out and "?[31mevil?" in out
+    # escapes are shown, visibly (\x1b), never sent to the terminal raw
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[31mevil\\x07" in out
     assert cli("audit", "show", "--file", str(log), "--verdict", "deny", "--tool", "send_email") == 0
     rows = capsys.readouterr().out.strip().splitlines()[1:]
     assert len(rows) == 1 and "provenance" in rows[0]

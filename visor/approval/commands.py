@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from visor.approval import directory
+from visor import display
+from visor.approval import directory, model
 
 
 def _dir(args: argparse.Namespace) -> Path:
@@ -19,9 +20,14 @@ def _dir(args: argparse.Namespace) -> Path:
     return path
 
 
-def _printable(text: str) -> str:
-    # Arguments come from the agent: no terminal control sequences reach the screen.
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+def _printable(value: object) -> str:
+    # Arguments come from the agent: no terminal control sequence reaches the screen.
+    return display.escape_value(value)
+
+
+def _focus(rec: dict) -> list[str]:  # type: ignore[type-arg]
+    focus = rec.get("focus")
+    return [f for f in focus if type(f) is str] if type(focus) is list else []
 
 
 def _live(path: Path, now: float) -> list[directory.Pending]:
@@ -34,27 +40,63 @@ def _live(path: Path, now: float) -> list[directory.Pending]:
     return out
 
 
+def _header(rec: dict) -> None:  # type: ignore[type-arg]
+    print(f"  server: {_printable(rec.get('server') or '-')}  tool: {_printable(rec.get('tool'))}")
+    if rec.get("destination"):
+        print(
+            f"  destination: {_printable(rec['destination'])} (argument {display.json_text(rec.get('argument'))})"
+        )
+    elif rec.get("argument"):
+        print(f"  argument in question: {display.json_text(rec.get('argument'))}")
+    print(f"  why: {_printable(rec.get('reason'))} (rule: {_printable(rec.get('rule'))})")
+
+
+def _show(path: Path, approval_id: str, as_json: bool) -> int:
+    """Everything one pending request holds: every argument, whole, escaped."""
+    if not model.valid_id(approval_id):
+        raise directory.AnswerError(f"{approval_id!r} is not an approval id (32 hex digits)")
+    found = next((p for p in _live(path, time.time()) if p.id == approval_id), None)
+    if found is None:
+        raise directory.AnswerError(
+            f"no pending request {approval_id} in {path} (answered, withdrawn or expired)"
+        )
+    rec = found.record
+    if as_json:
+        # ASCII-escaped: no raw control character reaches the terminal.
+        print(json.dumps({**rec, "answered": found.answered}, ensure_ascii=True, sort_keys=True))
+        return 0
+    print(f"{found.id}  {'answered, waiting for Visor' if found.answered else 'pending'}")
+    _header(rec)
+    print(
+        f"  request id: {display.json_text(rec.get('request_id'))}  session: {_printable(rec.get('session'))}"
+    )
+    print(f"  call hash: {_printable(rec.get('call_hash'))}")
+    lines, _ = model.render_arguments(rec.get("arguments"), _focus(rec), full=True)
+    print("  arguments, in full (JSON strings; control characters shown as escapes):")
+    for line in lines or ["  (none)"]:
+        print(f"  {line}")
+    return 0
+
+
 def _list(path: Path, as_json: bool) -> int:
     now = time.time()
     live = _live(path, now)
     if as_json:
-        print(json.dumps([{**p.record, "answered": p.answered} for p in live], ensure_ascii=False))
+        # ASCII-escaped: no raw control character reaches the terminal.
+        print(json.dumps([{**p.record, "answered": p.answered} for p in live], ensure_ascii=True))
         return 0
     for p in live:
         rec = p.record
         expires = rec.get("expires")
         state = "answered, waiting for Visor" if p.answered else "pending"
         print(f"{p.id}  {state}")
-        print(
-            f"  server: {_printable(str(rec.get('server') or '-'))}  tool: {_printable(str(rec.get('tool')))}"
-        )
-        if rec.get("destination"):
-            print(f"  destination: {_printable(str(rec['destination']))} (argument {rec.get('argument')!r})")
-        print(f"  why: {_printable(str(rec.get('reason')))} (rule: {_printable(str(rec.get('rule')))})")
-        args = json.dumps(rec.get("arguments"), ensure_ascii=False, sort_keys=True)
-        if len(args) > 400:
-            args = args[:400] + f"... ({len(args)} characters)"
-        print(f"  arguments: {_printable(args)}")
+        _header(rec)
+        lines, hidden = model.render_arguments(rec.get("arguments"), _focus(rec))
+        print("  arguments (the ones the policy checks first):" if _focus(rec) else "  arguments:")
+        for line in lines:
+            print(f"  {line}")
+        if hidden:
+            print(f"  NOT SHOWN: {hidden} characters hidden; see everything: visor approve --show {p.id}")
         if type(expires) in (int, float):
             print(f"  expires in {max(0, int(expires - now))} s")
         if rec.get("rememberable"):
@@ -67,6 +109,10 @@ def _list(path: Path, as_json: bool) -> int:
 def cmd_approve(args: argparse.Namespace) -> int:
     try:
         path = _dir(args)
+        if args.show:
+            if not args.id:
+                raise directory.AnswerError("--show needs the ID of a pending request")
+            return _show(path, args.id, args.json)
         if not args.id:
             return _list(path, args.json)
         rec = directory.answer(path, args.id, True, args.remember)
@@ -75,7 +121,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         return 1
     if args.remember and not rec.get("rememberable"):
         print("note: this request cannot be remembered; only this one call is approved", file=sys.stderr)
-    print(f"approved {args.id} ({rec.get('tool')})")
+    print(f"approved {args.id} ({_printable(rec.get('tool'))})")
     return 0
 
 
@@ -101,8 +147,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="also approve the same destination (or the exact same call) for the rest of that session",
     )
-    approve.add_argument("--json", action="store_true", help="list pending requests as a JSON array")
-    approve.add_argument("id", nargs="?", metavar="ID", help="the request to approve; none lists them")
+    approve.add_argument(
+        "--show",
+        action="store_true",
+        help="print one pending request in full (every argument, control characters escaped); answers nothing",
+    )
+    approve.add_argument(
+        "--json", action="store_true", help="list pending requests (or --show one) as JSON, ASCII-escaped"
+    )
+    approve.add_argument(
+        "id", nargs="?", metavar="ID", help="the request to approve (or --show); none lists them"
+    )
     approve.set_defaults(func=cmd_approve)
 
     deny = subparsers.add_parser("deny", help="deny one pending approval request")

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from visor import display
 from visor.approval.model import ApprovalAnswer, ApprovalRequest, describe, parse_choice
+
+#: Where the whole request can be read when the dialog cuts arguments short.
+MORE_HINT = (
+    "the ask record in Visor's audit log (visor audit show --verdict ask --json), "
+    "or visor approve --show {id} when Visor also has --approval-dir"
+)
 
 
 def client_supports_form(capabilities: dict[str, Any] | None) -> bool:
@@ -39,10 +46,12 @@ def request_params(req: ApprovalRequest) -> dict[str, Any]:
         }
     }
     if req.scope is not None:
+        tool = display.json_text(req.tool)
         scope = (
-            f"tool {req.tool!r}, argument {req.argument!r}, destination {req.destination}"
+            f"tool {tool}, argument {display.json_text(req.argument)}, "
+            f"destination {display.escape_value(req.destination)}"
             if req.scope == "destination"
-            else f"tool {req.tool!r} with exactly these arguments"
+            else f"tool {tool} with exactly these arguments"
         )
         properties["remember"] = {
             "type": "boolean",
@@ -52,23 +61,35 @@ def request_params(req: ApprovalRequest) -> dict[str, Any]:
         }
     return {
         "mode": "form",
-        "message": describe(req),
+        "message": describe(req, more=MORE_HINT.format(id=req.id)),
         "requestedSchema": {"type": "object", "properties": properties, "required": ["decision"]},
     }
 
 
-def parse_response(response: dict[str, Any], req: ApprovalRequest, who: str | None) -> ApprovalAnswer | None:
-    """An answer from the client's JSON-RPC response; None if the channel failed."""
+def answered_by(client_name: str | None) -> str:
+    """Who answered, as far as Visor can know: only what the client says about itself."""
+    return f"client-reported:{client_name if client_name else 'unknown'}"
+
+
+def parse_response(
+    response: dict[str, Any], req: ApprovalRequest, client_name: str | None
+) -> ApprovalAnswer | None:
+    """An answer from the client's JSON-RPC response; None if the channel failed.
+
+    The client's code decides what it returns (a human's click, or an
+    automatic accept): the answer is marked client-reported, never a person.
+    """
+    who = answered_by(client_name)
     result = response.get("result")
     if type(result) is not dict:
         return None  # an error response, or no result at all
     action = result.get("action")
     if action in ("decline", "cancel"):
-        return ApprovalAnswer(False, False, "elicitation", who, action)
+        return ApprovalAnswer(False, False, "elicitation", who, action, client_reported=True)
     if action != "accept":
         return None
     choice = parse_choice(result.get("content"), req.scope is not None)
     if choice is None:
         return None
     approved, remember = choice
-    return ApprovalAnswer(approved, remember, "elicitation", who, "accept")
+    return ApprovalAnswer(approved, remember, "elicitation", who, "accept", client_reported=True)

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import orjson
 
+from visor import display
+
 #: Prefix of every JSON-RPC id Visor itself uses towards the client. The relay
 #: refuses server requests whose id starts with it, so the two cannot collide.
 VISOR_ID_PREFIX = "visor-"
@@ -88,6 +90,8 @@ class ApprovalRequest:
     argument: str | None
     created: float  # unix time
     timeout: float  # seconds
+    # argument names shown first to a human (focus_arguments); not part of the hash
+    focus: tuple[str, ...] = ()
 
     @property
     def expires(self) -> float:
@@ -112,6 +116,7 @@ def make_request(
     now: float,
     timeout: float,
     approval_id: str | None = None,
+    focus: tuple[str, ...] | None = None,
 ) -> ApprovalRequest:
     return ApprovalRequest(
         id=approval_id or new_approval_id(),
@@ -127,6 +132,7 @@ def make_request(
         argument=argument,
         created=now,
         timeout=timeout,
+        focus=focus if focus is not None else focus_arguments(arguments, argument),
     )
 
 
@@ -152,27 +158,156 @@ class ApprovalAnswer:
     channel: str  # "elicitation", "directory", "tty", "session"
     who: str | None = None
     detail: str | None = None
+    # True when the answer is only what the MCP client says (elicitation):
+    # its code may accept without any person seeing the question.
+    client_reported: bool = False
 
 
-def describe(req: ApprovalRequest, *, max_args: int = 600) -> str:
-    """What is asked and why, for a human: tool, the destination or argument, the rule."""
+#: Characters shown of one argument the deciding rule read (the command, the
+#: path, the recipient): in full up to this, then visibly cut.
+FOCUS_LIMIT = 8000
+#: Characters shown of any other one argument, and of all of them together.
+OTHER_EACH_LIMIT = 300
+OTHER_TOTAL_LIMIT = 1500
+#: Characters shown of an argument's name.
+NAME_LIMIT = 120
+
+SHOW_HINT = "visor approve --show {id}"
+
+
+def focus_arguments(
+    arguments: dict[str, Any], argument: str | None, extra: tuple[str, ...] | list[str] = ()
+) -> tuple[str, ...]:
+    """The argument names a human must see first, in order.
+
+    First the argument the deciding rule read (``Decision.argument``, or the
+    top-level argument it sits in), then the tool's declared write and sink
+    parameters (``extra``), then every argument a path, command, query,
+    recipient, repository or destination check reads by its name. A padding
+    argument that sorts first (``a...``) cannot push any of them out of view.
+    """
+    from visor.policy import destinations, paths, rules
+
+    checked = rules.COMMAND_ARGS | rules.QUERY_ARGS | rules.RECIPIENT_ARGS | rules.REPO_ARGS
+    order: dict[str, None] = {}
+
+    def add(name: str) -> None:
+        if name in arguments:
+            order.setdefault(name, None)
+
+    if argument:
+        add(argument)
+        add(re.split(r"[.\[/]", argument, maxsplit=1)[0])
+    for name in extra:
+        add(name)
+    for name in sorted(arguments):
+        try:
+            if (
+                name in checked
+                or paths.snake(name) in checked
+                or paths.is_path_name(name)
+                or destinations.is_destination_name(name)
+            ):
+                add(name)
+        except Exception:  # a name no check can read still has to be shown
+            continue
+    return tuple(order)
+
+
+def render_arguments(
+    arguments: Any,
+    focus: tuple[str, ...] | list[str] = (),
+    *,
+    full: bool = False,
+    focus_limit: int = FOCUS_LIMIT,
+    each_limit: int = OTHER_EACH_LIMIT,
+    total_limit: int = OTHER_TOTAL_LIMIT,
+) -> tuple[list[str], int]:
+    """One line per argument, the focus first, every value escaped; and how many characters are hidden.
+
+    Nothing is cut silently: a shortened value ends with a mark that says how
+    many of its characters are hidden, and arguments past the total are
+    listed by name and size. With ``full`` every argument is shown whole.
+    """
+    if type(arguments) is not dict:
+        text = display.json_text(arguments)
+        if full or len(text) <= focus_limit:
+            return [f"  {text}"], 0
+        hidden = len(text) - focus_limit
+        return [f"  {text[:focus_limit]}\u2026 [{hidden} of {len(text)} characters hidden]"], hidden
+    first = list(dict.fromkeys(n for n in focus if type(n) is str and n in arguments))
+    focused = set(first)
+    names = first + sorted(n for n in arguments if n not in focused)
+    lines: list[str] = []
+    hidden_total = 0
+    budget = total_limit
+    for name in names:
+        key = display.json_text(name)
+        if not full and len(key) > NAME_LIMIT:
+            hidden_total += len(key) - NAME_LIMIT
+            key = f"{key[:NAME_LIMIT]}\u2026 [name: {len(key) - NAME_LIMIT} more characters hidden]"
+        value = display.json_text(arguments[name])
+        mark = " (checked by the policy)" if name in focused else ""
+        if full:
+            lines.append(f"  {key}{mark}: {value}")
+            continue
+        limit = focus_limit if name in focused else min(each_limit, budget)
+        if len(value) <= limit:
+            lines.append(f"  {key}{mark}: {value}")
+        elif limit <= 0:
+            lines.append(f"  {key}: [all {len(value)} characters hidden]")
+        else:
+            lines.append(
+                f"  {key}{mark}: {value[:limit]}\u2026 [{len(value) - limit} of {len(value)} characters hidden]"
+            )
+        shown = min(len(value), max(limit, 0))
+        hidden_total += len(value) - shown
+        if name not in focused:
+            budget -= shown
+    return lines, hidden_total
+
+
+def describe(
+    req: ApprovalRequest,
+    *,
+    more: str | None = None,
+    focus_limit: int = FOCUS_LIMIT,
+    each_limit: int = OTHER_EACH_LIMIT,
+    total_limit: int = OTHER_TOTAL_LIMIT,
+) -> str:
+    """What is asked and why, for a human: tool, the destination or argument, the rule, the arguments.
+
+    Every value from the call is escaped (visor/display.py). The arguments the
+    deciding rule read come first and whole (up to `focus_limit`); anything
+    cut is marked with how much is hidden and `more`, how to see it all.
+    """
+    esc = display.escape
+    tool = display.json_text(req.tool)
     lines = [
-        f"Visor: allow the tool call {req.tool!r}" + (f" on server {req.server!r}?" if req.server else "?")
+        f"Visor: allow the tool call {tool}"
+        + (f" on server {display.json_text(req.server)}?" if req.server else "?")
     ]
+    argument = display.json_text(req.argument) if req.argument is not None else None
     if req.destination is not None:
         kind, _, value = req.destination.partition(":")
-        lines.append(f"Destination: {value or req.destination} ({kind}) in argument {req.argument!r}.")
+        lines.append(f"Destination: {esc(value or req.destination)} ({esc(kind)}) in argument {argument}.")
         lines.append(
             "Where it came from: the agent's request. It is not a trusted destination, was not approved "
             "before, and has not appeared in this session's tool output (Visor denies those outright)."
         )
-    elif req.argument is not None:
-        lines.append(f"Argument in question: {req.argument!r}.")
-    lines.append(f"Why: {req.reason} (rule: {req.rule}).")
-    args = canonical_json(req.arguments).decode(errors="replace")
-    if len(args) > max_args:
-        args = args[:max_args] + f"... ({len(args)} characters)"
-    lines.append(f"Arguments: {args}")
+    elif argument is not None:
+        lines.append(f"Argument in question: {argument}.")
+    lines.append(f"Why: {esc(req.reason)} (rule: {esc(req.rule)}).")
+    arg_lines, hidden = render_arguments(
+        req.arguments, req.focus, focus_limit=focus_limit, each_limit=each_limit, total_limit=total_limit
+    )
+    lines.append("Arguments (the ones the policy checks first):" if req.focus else "Arguments:")
+    lines.extend(arg_lines or ["  (none)"])
+    if hidden:
+        how = more or SHOW_HINT.format(id=req.id)
+        lines.append(
+            f"NOT SHOWN: {hidden} characters of the arguments are hidden above. To see everything: {how}"
+        )
     lines.append(f"Approval id: {req.id}")
     return "\n".join(lines)
 
@@ -223,6 +358,7 @@ def pending_record(req: ApprovalRequest, pid: int) -> bytes:
             "created": req.created,
             "expires": req.expires,
             "rememberable": req.scope is not None,
+            "focus": list(req.focus),
             "pid": pid,
         }
     )

@@ -57,7 +57,11 @@ def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalA
         # Input typed before this prompt is shown is not an answer to it.
         with contextlib.suppress(OSError):
             termios.tcflush(fd, termios.TCIFLUSH)
-        os.write(fd, f"\n{model.describe(req)}\nApprove? {choices}: ".encode(errors="replace"))
+        # Every value in the text is escaped (visor/display.py): an argument
+        # cannot clear this screen or paint a prompt of its own.
+        text = model.describe(req, more="type s at the prompt to show every argument in full")
+        prompt = f"Approve? {choices} (s: show every argument): "
+        os.write(fd, f"\n{text}\n{prompt}".encode(errors="replace"))
         buf = b""
         while not stop.is_set():
             ready, _, _ = select.select([fd], [], [], 0.1)
@@ -69,6 +73,12 @@ def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalA
             buf += chunk
             if b"\n" in buf or len(buf) > 256:
                 line = buf.split(b"\n", 1)[0].decode(errors="replace")
+                buf = b""
+                if line.strip().lower() in ("s", "show"):
+                    lines, _ = model.render_arguments(req.arguments, req.focus, full=True)
+                    shown = "\n".join(["Every argument, in full:", *(lines or ["  (none)"])])
+                    os.write(fd, f"{shown}\n{prompt}".encode(errors="replace"))
+                    continue
                 approved, remember = model.parse_tty_line(line, rememberable)
                 os.write(fd, b"approved\n" if approved else b"denied\n")
                 return ApprovalAnswer(approved, remember, "tty", _who(fd), None)

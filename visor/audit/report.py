@@ -27,6 +27,7 @@ from visor.audit.reader import Loaded, Window, load
 from visor.audit.record import utc_timestamp
 from visor.audit.show import printable
 from visor.audit.verify import ChainReport, verify_files
+from visor.display import escape
 
 _WRITE_NAME = re.compile(
     r"(write|create|delete|remove|move|rename|edit|update|put|upload|patch|mkdir|rm)", re.I
@@ -488,4 +489,6 @@ def build_report(
     lines += ["## 7. What Visor does not cover", ""]
     lines += [f"- {t}" for t in _NOT_COVERED]
     lines.append("")
-    return "\n".join(lines)
+    # Every cell went through md() already; this is the last guard for the
+    # whole page: no control character reaches whoever reads it in a terminal.
+    return escape("\n".join(lines), keep="\n")

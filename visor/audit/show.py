@@ -1,15 +1,15 @@
 """`visor audit show`: a readable table of verdicts.
 
 Values in a log can come from a hostile model or server (tool names, reasons),
-so everything printed to a terminal is stripped of control characters first:
-an escape sequence in a tool name must not repaint the operator's screen.
+so every control character printed to a terminal is made visible first
+(visor/display.py): an escape sequence in a tool name must not repaint the
+operator's screen.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import orjson
 
 from visor.audit.record import VERDICTS
+from visor.display import escape
 
 _COLUMNS: tuple[tuple[str, int], ...] = (
     ("seq", 7),
@@ -32,13 +33,11 @@ _COLUMNS: tuple[tuple[str, int], ...] = (
 
 
 def printable(value: Any, width: int | None = None) -> str:
-    """One safe line: no control or format characters, optionally cut to `width`."""
+    """One safe line: control and format characters as visible escapes, optionally cut to `width`."""
     if value is None:
         return ""
     text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    out = "".join(
-        "?" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co") else ch for ch in text
-    )
+    out = escape(text)
     if width is not None and len(out) > width:
         out = out[: max(0, width - 1)] + "…"
     return out

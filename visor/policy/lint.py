@@ -104,6 +104,15 @@ def _tool_findings(policy: Policy, srv: ServerPolicy, i: int, j: int, tool: Tool
                 "tool is not allowed, so its rules and approval_required never apply",
             )
         )
+    if tool.allowed is False and tool.approval == "out_of_band":
+        out.append(
+            Finding(
+                "warning",
+                tool.line,
+                f"{key}.approval",
+                "tool is not allowed, so approval: out_of_band never applies",
+            )
+        )
     if tool.max_calls == 0 and tool.allowed:
         out.append(
             Finding(

@@ -268,7 +268,9 @@ _TOOL_COMMON = frozenset(
         "max_calls",
     }
 )
-_TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "rules"}
+_TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "approval", "rules"}
+#: A tool's `approval:` key: which channels may answer its asks.
+APPROVAL_MODES = ("any", "out_of_band")
 _RULE_KEYS: dict[str, frozenset[str]] = {
     "deny_path": frozenset({"patterns"}),
     "allow_path": frozenset({"patterns"}),
@@ -405,6 +407,8 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
         kw["risk"] = r.choice(m["risk"], f"{key}.risk", _RISKS)
     if "approval_required" in m:
         kw["approval_required"] = r.bool_(m["approval_required"], f"{key}.approval_required")
+    if "approval" in m:
+        kw["approval"] = r.choice(m["approval"], f"{key}.approval", APPROVAL_MODES)
     if "description" in m:
         kw["description"] = r.str_(m["description"], f"{key}.description", nonempty=False)
     if "rules" in m:

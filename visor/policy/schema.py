@@ -139,6 +139,9 @@ class ToolPolicy:
     allowed: bool | None = None
     risk: str | None = None
     approval_required: bool = False
+    # who may answer this tool's asks: "any" channel, or "out_of_band" only
+    # (--approval-dir / --approval-tty, never the client's elicitation); None: not said (any)
+    approval: str | None = None
     description: str = ""
     rules: tuple[Rule, ...] = ()
     exfiltrating: bool | None = None

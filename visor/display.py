@@ -1,0 +1,78 @@
+"""Text for a person's eyes: every control character made visible. Pure, no I/O.
+
+Tool names, arguments, reasons and client names come from the agent, the
+client or the server. Printed raw, an ESC or CSI sequence can clear the
+operator's screen and paint a fake prompt, an OSC sequence can retitle the
+window or plant a hyperlink, a carriage return or backspace can overwrite
+what was printed before it, and a bidi override can reverse the order of
+what follows. Everything Visor shows a person (the terminal prompt, stderr
+log lines, `visor approve`, `visor audit show`, `visor report`) goes
+through `escape`, which turns every such character into a visible escape
+(`\\x1b`, `\\u202e`) and leaves the rest of the text alone.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+# Control (C0, DEL, C1), format (bidi overrides and isolates, zero-width
+# characters), line/paragraph separators, surrogates, private use, unassigned.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def is_unsafe(ch: str) -> bool:
+    """True for a character that must never reach a terminal raw."""
+    return unicodedata.category(ch) in _UNSAFE_CATEGORIES
+
+
+def _escape_char(ch: str) -> str:
+    named = _NAMED.get(ch)
+    if named is not None:
+        return named
+    o = ord(ch)
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    return f"\\U{o:08x}"
+
+
+def escape(text: str, *, keep: str = "") -> str:
+    """`text` with every unsafe character as a visible escape; characters in `keep` stay raw.
+
+    `keep` is for layout Visor itself adds (a newline between lines it
+    built); values from outside are escaped with nothing kept.
+    """
+    if text.isprintable():  # the common case: nothing to do (isprintable is stricter than is_unsafe)
+        return text
+    return "".join(_escape_char(ch) if ch not in keep and is_unsafe(ch) else ch for ch in text)
+
+
+def escape_value(value: Any) -> str:
+    """A value of any type as one safe line: strings as they are (escaped), the rest as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return escape(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return escape(text)
+
+
+def json_text(value: Any) -> str:
+    """`value` as JSON for display: a string's quotes and backslashes are JSON's, controls visible."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return escape(text)
+
+
+def has_unsafe(text: str) -> bool:
+    """True if `text` holds a character `escape` would change."""
+    return not text.isprintable() and any(is_unsafe(ch) for ch in text)
