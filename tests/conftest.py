@@ -28,16 +28,26 @@ class VisorProcess:
     """`visor run` with the recorder (or any) server behind it, driven byte by byte."""
 
     def __init__(
-        self, server: list[str], *, visor_args: list[str] | None = None, env: dict[str, str] | None = None
+        self,
+        server: list[str],
+        *,
+        visor_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ):
         full_env = dict(os.environ)
         full_env.update(env or {})
+        if cwd is not None:
+            # the project must stay importable from another working directory
+            root = str(TESTS.parent)
+            full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "visor.cli", "run", *(visor_args or []), "--", *server],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=full_env,
+            cwd=cwd,
         )
         self._lines: queue.Queue[bytes | None] = queue.Queue()
         self.stderr_chunks: list[bytes] = []

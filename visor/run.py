@@ -200,6 +200,7 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     from visor.approval.directory import default_dir
     from visor.approval.protected import Protected
     from visor.audit.paths import audit_dir
+    from visor.install.configs import home_dir, protected_config_paths
 
     dirs = [default_dir(), audit_dir()]
     if getattr(args, "approval_dir", None):
@@ -209,6 +210,9 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
         files.append(Path(args.pin_file))
     if args.policy:
         files.append(Path(args.policy))
+    # The client configs that put Visor in front of this server: a write to
+    # one would take Visor out of the chain for the next session.
+    files.extend(protected_config_paths(home_dir(), Path.cwd()))
     return Protected.of(dirs, files)
 
 

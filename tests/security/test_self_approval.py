@@ -123,3 +123,69 @@ def test_writing_the_answer_file_through_a_tool_is_denied(tmp_path: Path, spell)
         assert not target.exists()
     finally:
         vp.kill()
+
+
+def test_client_configs_are_visors_own_files(tmp_path: Path) -> None:
+    """A write tool must not edit the config that puts Visor in the chain: the next
+    session would start the server without Visor. Both the user-wide and the
+    project configs that `visor init` knows are refused, read or written."""
+    home = tmp_path / "home"
+    project = tmp_path / "project"
+    (home / ".cursor").mkdir(parents=True)
+    project.mkdir()
+    mcp = project / ".mcp.json"
+    mcp.write_text('{"mcpServers": {"fs": {"command": "visor", "args": ["run", "--", "fs"]}}}\n')
+    before = mcp.read_bytes()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(root=tmp_path))
+    vp = VisorProcess(
+        [sys.executable, str(HOSTILE)],
+        env={"HOME": str(home), "HOSTILE_LOG": str(tmp_path / "sent.jsonl")},
+        visor_args=[
+            "--server-name",
+            "fs",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        ],
+        cwd=project,
+    )
+    try:
+        vp.request({"jsonrpc": "2.0", "id": "l", "method": "tools/list"})
+        assert vp.recv()["id"] == "l"
+        targets = [
+            str(mcp),
+            str(home / ".claude.json"),
+            str(home / ".cursor" / "mcp.json"),
+            str(project / ".vscode" / "mcp.json"),
+        ]
+        for i, target in enumerate(targets):
+            args = {"path": target, "content": '{"mcpServers": {"fs": {"command": "fs"}}}'}
+            vp.request(
+                {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": "tools/call",
+                    "params": {"name": "write_file", "arguments": args},
+                }
+            )
+            resp = vp.recv()
+            assert resp["result"]["isError"] is True, (target, resp)
+            assert "visor.protected_path" in resp["result"]["content"][0]["text"], resp
+        assert mcp.read_bytes() == before
+        assert not (home / ".claude.json").exists() and not (home / ".cursor" / "mcp.json").exists()
+        # an ordinary file in the project is still written
+        args = {"path": str(project / "notes.txt"), "content": "ok"}
+        vp.request(
+            {
+                "jsonrpc": "2.0",
+                "id": 50,
+                "method": "tools/call",
+                "params": {"name": "write_file", "arguments": args},
+            }
+        )
+        assert vp.recv()["result"]["isError"] is False
+        assert (project / "notes.txt").read_text() == "ok"
+    finally:
+        vp.kill()

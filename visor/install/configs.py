@@ -407,6 +407,24 @@ def known_locations(home: Path, cwd: Path) -> list[Location]:
     ]
 
 
+def protected_config_paths(home: Path, cwd: Path) -> list[Path]:
+    """Every client config that decides whether Visor is in the chain: the ones
+    `visor init` edits and the others clients read MCP servers from. A tool
+    that could write one would take Visor out of the next session."""
+    extra = [
+        home / ".config" / "Code" / "User" / "settings.json",
+        home / ".config" / "Code" / "User" / "mcp.json",
+        home / "Library" / "Application Support" / "Code" / "User" / "settings.json",
+        home / "Library" / "Application Support" / "Code" / "User" / "mcp.json",
+        home / ".codeium" / "windsurf" / "mcp_config.json",
+        home / ".gemini" / "settings.json",
+        home / ".codex" / "config.toml",
+        cwd / ".vscode" / "settings.json",
+        cwd / ".gemini" / "settings.json",
+    ]
+    return [loc.path for loc in known_locations(home, cwd)] + extra
+
+
 def home_dir() -> Path:
     # HOME first, so that tests (and users with a redirected HOME) decide.
     return Path(os.environ.get("HOME") or Path.home())
