@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz import invariants
+from tests.fuzz import destination_invariants, invariants
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -38,11 +38,11 @@ def _mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
 
 def main() -> int:
     target, seconds = sys.argv[1], float(sys.argv[2])
-    check = (
-        invariants.check_stream
-        if target == "wire"
-        else lambda d: invariants.check_policy(d.decode("utf-8", "replace"))
-    )
+    check = {
+        "wire": invariants.check_stream,
+        "urls": destination_invariants.check_url,
+        "addresses": destination_invariants.check_address,
+    }.get(target, lambda d: invariants.check_policy(d.decode("utf-8", "replace")))
     if target == "shell":
         from tests.fuzz.fuzz_shell import check as check_shell
 

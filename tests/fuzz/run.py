@@ -35,6 +35,8 @@ TARGETS = {
     "policy": ("tests.fuzz.fuzz_policy", 4096),
     "paths": ("tests.fuzz.fuzz_paths", 64),
     "shell": ("tests.fuzz.fuzz_shell", 2048),
+    "urls": ("tests.fuzz.fuzz_urls", 2048),
+    "addresses": ("tests.fuzz.fuzz_addresses", 512),
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+).*?exec/s: (\d+)", re.M)

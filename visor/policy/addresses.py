@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -160,6 +161,11 @@ def _scan(s: str) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]] | Non
     return local, domain
 
 
+def _fold(local: str) -> str:
+    folded = local.casefold()
+    return folded if folded.isascii() else unicodedata.normalize("NFKC", folded)
+
+
 def _finish(local: str, domain: str, special: bool, extra: tuple[str, ...] = ()) -> Address:
     if special:
         esc = local.replace("\\", "\\\\").replace('"', '\\"')
@@ -186,6 +192,10 @@ def read_address(raw: str) -> Address | None:
     are the caller's business (destinations.parse strips them first).
     """
     s = raw.strip()
+    if not s.isascii():
+        # compatibility forms (fullwidth, modifier letters) are one mailbox
+        # to a lenient mailer: NFKC, as destinations._clean applies to text
+        s = unicodedata.normalize("NFKC", s)
     if s.isascii() and not any(c in _SIMPLE_SPECIALS for c in s):
         # the common case: one "@", no quotes, comments or literals
         if s.count("@") != 1:
@@ -194,7 +204,7 @@ def read_address(raw: str) -> Address | None:
         if not _LOCAL_RE.fullmatch(lo):
             return None
         dom = _domain(do)
-        return None if dom is None else _finish(lo.casefold(), dom, False)
+        return None if dom is None else _finish(_fold(lo), dom, False)
     parts = _scan(s)
     if parts is None:
         return None
@@ -210,8 +220,8 @@ def read_address(raw: str) -> Address | None:
     if not quoted:
         if not _LOCAL_RE.fullmatch(text):
             return None
-        return _finish(text.casefold(), dom, False)
-    folded = text.casefold()
+        return _finish(_fold(text), dom, False)
+    folded = _fold(text)
     if _is_dot_atom(text) and _LOCAL_RE.fullmatch(text):
         return _finish(folded, dom, False)  # "eve"@x is eve@x
     # A quoted local part an atom cannot spell. Keyed as itself, plus every

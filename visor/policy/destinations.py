@@ -100,7 +100,7 @@ _EDGE = ".:!?*#@/\\=&"
 # (eve(c)@x, eve@(c)x). The cleaned variant of a text spells them plainly, so
 # the output index holds the same key the argument side computes. Bounded
 # classes: linear in the text.
-_QUOTED_ATOM = re.compile(r"\\?\"([A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-]{1,64})\\?\"(?=@)")
+_QUOTED_ATOM = re.compile(r"\\?\"((?:[A-Za-z0-9!#$%&*+/=?^_{|}~.\-]|[^\x00-\x7f\s]){1,254})\\?\"(?=@)")
 _AT_COMMENT = re.compile(r"\([^()@\s]{0,64}\)(?=@)|(?<=@)\([^()@\s]{0,64}\)")
 
 
@@ -220,6 +220,12 @@ def _decoded_url(s: str) -> Dest:
 # A scheme and ":" followed by "/" or "\", or a special scheme and ":": a URL
 # as WHATWG may read it (tabs and newlines inside are ignored, as WHATWG does).
 _URLISH = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[\t\r\n]*[/\\]|(?i:(?:https?|wss?|ftp)[\t\r\n]*:)")
+
+
+def _urlish(s: str) -> bool:
+    return _URLISH.search(s.translate(_TAB_NL) if "\t" in s or "\n" in s or "\r" in s else s) is not None
+
+
 _URL_BODY = re.compile(r"[^\s<>\"'`]+")
 _TAB_NL = str.maketrans("", "", "\t\n\r")
 
@@ -235,7 +241,7 @@ def parse(raw: str) -> list[Dest]:
     s0 = raw.strip()
     if not s0:
         return []
-    if s0[:7].lower() != "mailto:" and _URLISH.search(s0):
+    if s0[:7].lower() != "mailto:" and _urlish(s0):
         return _parse_raw(s0)
     return _parse_decoded(raw)
 
@@ -251,7 +257,7 @@ def _parse_raw(s: str) -> list[Dest]:
         rest = _BRACKETS.sub(" ", s)
         for part in _LIST_SEP.split(rest):
             part = part.strip().strip('"')
-            if "@" in part or _URLISH.search(part):
+            if "@" in part or _urlish(part):
                 out.extend(_raw_piece(part))
         return out or [_opaque(s)]
     for part in _LIST_SPLIT.split(rest):
@@ -273,7 +279,8 @@ def _parse_decoded(raw: str) -> list[Dest]:
     # read as a URL a client would fetch (see _decoded_url).
     s = _clean(raw)
     if not s:
-        return []
+        # "%20", "%0C": something that decodes to nothing is still asked about
+        return [_opaque(raw.strip())] if raw.strip() else []
     if s[:7].lower() == "mailto:":
         body, _, query = s[7:].partition("?")
         pieces = [p for p in _LIST_SEP.split(body) if p.strip()]
@@ -291,13 +298,13 @@ def _parse_decoded(raw: str) -> list[Dest]:
             out.extend(_parse_decoded(inner))
         rest = _BRACKETS.sub(" ", s)
         out.extend(d for part in _LIST_SEP.split(rest) for d in _parse_piece_if_address(part))
-        return out
+        return out or [_opaque(s)]  # "<>": nothing placeable is still something to ask about
     if "," in s or ";" in s or (" " in s and s.count("@") > 1):
         out = []
         for part in _LIST_SPLIT.split(s):
             if part:
                 out.extend(_parse_decoded(part))
-        return out
+        return out or [_opaque(s)]
     return [_parse_piece(s)]
 
 
@@ -412,7 +419,7 @@ def build_trust(entries: tuple[str, ...] | list[str]) -> TrustList:
             domains.add(_host_key(s[1:]))
             continue
         for d in parse(s):
-            if d.kind == "opaque" and ("@" in d.value or "://" in d.value):
+            if d.kind == "opaque" and ("@" in d.value or _urlish(d.value)):
                 continue  # an ambiguous URL or a special quoted address: never trusted
             if d.kind == "host":
                 domains.add(d.value)

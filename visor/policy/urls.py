@@ -44,7 +44,9 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:")
 # Percent-escapes: unreserved characters (RFC 3986 section 2.3) decode to
 # themselves without changing the meaning of a path; everything else (%2F,
 # %40, %5C, %25, ...) must stay encoded or the path changes.
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+# A bare "%" (no two hex digits after it) becomes "%25": otherwise decoding
+# "%%36" would make a new escape "%6..." and the form would not be a fixed point.
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})?")
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
@@ -184,6 +186,8 @@ def _rfc3986(raw: str) -> Reading | None:
 
 
 def _decode_unreserved(m: re.Match[str]) -> str:
+    if m.group(1) is None:
+        return "%25"
     c = chr(int(m.group(1), 16))
     return c if c in _UNRESERVED else "%" + m.group(1).upper()
 
@@ -301,10 +305,11 @@ def under_prefix(url: str, prefix: str) -> bool:
         return False
     path = rest.split("?", 1)[0]
     p_dir = p_path.split("?", 1)[0]
-    p_dir = p_dir if p_dir.endswith("/") else p_dir + "/"
-    for candidate in (path, decoded_path(path)):
+    # each reading of the path against the same reading of the prefix
+    for candidate, base in ((path, p_dir), (decoded_path(path), decoded_path(p_dir))):
         c = candidate if candidate.endswith("/") else candidate + "/"
-        if not c.startswith(p_dir):
+        b = base if base.endswith("/") else base + "/"
+        if not c.startswith(b):
             return False
     if "?" in p_path:  # a prefix with a query: the whole URL must start with it
         return url.startswith(prefix)
