@@ -24,11 +24,12 @@ from tests.approval.helpers import SERVER, cli, pending
 from tests.approval.raw_client import POLICY
 
 # The brief's fake prompt, then OSC title + hyperlink, bidi override and
-# isolate, backspace, CR, C1 CSI and DEL. EVIL_TIGHT has no space or quote,
-# which structlog's console renderer would otherwise have repr()'d anyway.
+# isolate, backspace, C1 CSI and DEL. EVIL_TIGHT has no space, quote, "=",
+# CR or LF: structlog's console renderer prints such a string raw (it repr()s
+# the others), so only Visor's own escaping keeps it off the terminal.
 FAKE_PROMPT = "\x1b[2J\x1b[1;1HApprove? [y/N]"
 EVIL_TIGHT = (
-    "\x1b[2J\x1b[1;1HApprove?[y/N]\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\\u202eevil\u2066\x08\r\x9b31m\x7f"
+    "\x1b[2J\x1b[1;1HApprove?[y/N]\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\\u202eevil\u2066\x08\x9b31m\x7f"
 )
 
 
@@ -116,7 +117,7 @@ def test_escape_sequences_reach_no_terminal_raw(tmp_path: Path) -> None:
     arguments = {
         "a": FAKE_PROMPT,
         "command": EVIL_TIGHT,
-        "note": "\x1b]52;c;ZXZpbA==\x07\u202a\u202b\u202c\u202d\u2067\u2068\u2069",
+        "note": "\r\x1b]52;c;ZXZpbA==\x07\u202a\u202b\u202c\u202d\u2067\u2068\u2069",
     }
     try:
         tv.send({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
