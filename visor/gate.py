@@ -109,8 +109,16 @@ class Gate:
     def on_server_info(self, info: dict[str, Any]) -> None:
         """The server said who it is (initialize or server/discover)."""
 
-    def on_reject(self, direction: str, reason: str, rejected: Rejected | None) -> None:
-        """A wire-level refusal in either direction."""
+    def on_reject(
+        self,
+        direction: str,
+        reason: str,
+        rejected: Rejected | None,
+        *,
+        size: int | None = None,
+        digest: str | None = None,
+    ) -> None:
+        """A wire-level refusal in either direction: `size` and `digest` (SHA-256) of the refused line."""
 
     def cancel(self, request_id: Any) -> bool:
         """The client cancelled a call that has not been forwarded; True if one was waiting."""
@@ -124,6 +132,16 @@ class Gate:
 
     async def close(self) -> None:
         """The session is over."""
+
+
+_REASON_CHARS = 200
+
+
+def _bounded_reason(text: str) -> str:
+    """Text for a reject record: at most _REASON_CHARS characters of it (on_reject's helper)."""
+    if len(text) <= _REASON_CHARS:
+        return text
+    return f"{text[:_REASON_CHARS]}... ({len(text)} characters)"
 
 
 def denial_text(decision: Decision) -> str:
@@ -630,20 +648,36 @@ class PolicyGate(Gate):
         for ev in self.session.observe_server_info(info):
             self._session_event(ev)
 
-    def on_reject(self, direction: str, reason: str, rejected: Rejected | None) -> None:
+    def on_reject(
+        self,
+        direction: str,
+        reason: str,
+        rejected: Rejected | None,
+        *,
+        size: int | None = None,
+        digest: str | None = None,
+    ) -> None:
+        # The refused line itself is never recorded: only its size and SHA-256.
+        # Reasons can quote a member name from the line, so they are cut short.
         event: dict[str, Any] = {
             "event": "reject",
             "server": self.server,
             "direction": direction,
-            "reason": reason,
+            "reason": _bounded_reason(reason),
         }
+        if size is not None:
+            event["bytes"] = size
+        if digest is not None:
+            event["sha256"] = digest
         if rejected is not None:
             event["code"] = rejected.code
             if rejected.method:
-                event["method"] = rejected.method
+                event["method"] = _bounded_reason(rejected.method)
             if rejected.tool:
-                event["tool"] = rejected.tool
+                event["tool"] = _bounded_reason(rejected.tool)
             if rejected.reply_ids:
+                # A string id of any length would otherwise be copied whole;
+                # the record builder replaces one over its bound by a digest.
                 event["id"] = rejected.reply_ids[0]
         self._append(event)
 

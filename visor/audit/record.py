@@ -60,6 +60,16 @@ _PREFIX = b'{"hash":"'
 HASH_START = len(_PREFIX)
 BODY_START = HASH_START + 64 + 2
 
+# Bounds on what one record may carry (docs/audit-format.md, "Bounded fields").
+# Arguments, tool names, ids and reasons come from the client or the server and
+# have no size of their own: a field over these bounds is replaced by its
+# SHA-256 and size under ``omitted``, never written, not even in part.
+MAX_STRING_BYTES = 4096  # a string field, UTF-8 encoded
+MAX_FIELD_BYTES = 16 * 1024  # an object or array field, as canonical JSON
+MAX_ALLOW_FIELD_BYTES = 64 * 1024  # the same in `allow` and `approve`: what reaches the server
+MAX_DEPTH = 32  # levels of nesting inside one field
+_LARGE_FIELDS_EVENTS = frozenset({"allow", "approve"})
+
 # orjson would otherwise serialise dataclasses and datetimes in its own way;
 # passing them through makes them an encoding error, so only JSON types land
 # in the log.
@@ -118,6 +128,116 @@ def canonical_body(fields: dict[str, Any]) -> bytes:
         raise RecordError(f"event is not encodable as audit JSON: {exc}", "event") from exc
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        if depth > limit:
+            return True
+        for child in node.values() if type(node) is dict else node:
+            if type(child) is dict or type(child) is list:
+                push((child, depth + 1))
+    return False
+
+
+def canonical_digest(value: Any) -> tuple[str, int]:
+    """SHA-256 and length of `value`'s canonical JSON, at any depth.
+
+    orjson writes at most 254 levels but reads 1024; a value parsed from a
+    message can be deeper than anything orjson will encode. This walks the
+    value with an explicit stack and hashes the same bytes ``canonical_body``
+    would produce, so both paths give the same digest.
+    """
+    try:
+        data = orjson.dumps(value, option=_DUMP_OPTS)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        return hashlib.sha256(data).hexdigest(), len(data)
+    h = hashlib.sha256()
+    size = 0
+    stack: list[Any] = [value]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        t = type(item)
+        if t is bytes:
+            token = item
+        elif t is dict:
+            keys = sorted(item)
+            parts: list[Any] = [b"}"]
+            for i in range(len(keys) - 1, -1, -1):
+                parts.append(item[keys[i]])
+                parts.append(orjson.dumps(keys[i]) + b":")
+                if i:
+                    parts.append(b",")
+            extend(parts)
+            token = b"{"
+        elif t is list:
+            parts = [b"]"]
+            for i in range(len(item) - 1, -1, -1):
+                parts.append(item[i])
+                if i:
+                    parts.append(b",")
+            extend(parts)
+            token = b"["
+        else:
+            try:
+                token = orjson.dumps(item, option=_DUMP_OPTS)
+            except TypeError as exc:
+                raise RecordError(f"event is not encodable as audit JSON: {exc}", "event") from exc
+        h.update(token)
+        size += len(token)
+    return h.hexdigest(), size
+
+
+def _omission(digest: str, size: int, why: str) -> dict[str, Any]:
+    return {"sha256": digest, "bytes": size, "why": why}
+
+
+def bound_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with every over-bound field moved to ``omitted`` as its digest and size.
+
+    A string is measured as UTF-8 (its digest is of those bytes); an object or
+    array as canonical JSON (its digest is of that text), and it is also
+    omitted when nested deeper than MAX_DEPTH. Never raises for a value that
+    is merely too large or too deep.
+    """
+    cap = MAX_ALLOW_FIELD_BYTES if fields.get("event") in _LARGE_FIELDS_EVENTS else MAX_FIELD_BYTES
+    out: dict[str, Any] = {}
+    omitted: dict[str, Any] = {}
+    for key, value in fields.items():
+        t = type(value)
+        if t is str and len(value) > MAX_STRING_BYTES // 4:
+            raw = value.encode("utf-8", "surrogatepass")
+            if len(raw) > MAX_STRING_BYTES:
+                why = f"longer than {MAX_STRING_BYTES} bytes"
+                omitted[key] = _omission(hashlib.sha256(raw).hexdigest(), len(raw), why)
+                continue
+        elif t is dict or t is list:
+            try:
+                data = orjson.dumps(value, option=_DUMP_OPTS)
+            except orjson.JSONEncodeError as exc:
+                if "ecursion" not in str(exc):
+                    raise RecordError(f"event is not encodable as audit JSON: {exc}", "event") from exc
+                digest, size = canonical_digest(value)
+                omitted[key] = _omission(digest, size, f"nested deeper than {MAX_DEPTH} levels")
+                continue
+            if len(data) > cap:
+                why = f"larger than {cap} bytes"
+                omitted[key] = _omission(hashlib.sha256(data).hexdigest(), len(data), why)
+                continue
+            if _deeper_than(value, MAX_DEPTH):
+                why = f"nested deeper than {MAX_DEPTH} levels"
+                omitted[key] = _omission(hashlib.sha256(data).hexdigest(), len(data), why)
+                continue
+        out[key] = value
+    if omitted:
+        out["omitted"] = omitted
+    return out
+
+
 def chain_hash(prev: str, body: bytes) -> str:
     return hashlib.sha256(prev.encode("ascii") + body).hexdigest()
 
@@ -143,7 +263,15 @@ def build(event: dict[str, Any], *, session: str, seq: int, prev: str, ts: str |
         "seq": seq,
         "prev": prev,
     }
-    body = canonical_body(fields)
+    try:
+        body = orjson.dumps(fields, option=_DUMP_OPTS)
+    except TypeError:
+        body = b""
+    # A small body with few brackets holds no field over the bounds: the usual
+    # record is encoded once. Anything else is measured field by field.
+    if not body or len(body) > MAX_STRING_BYTES or body.count(b"{") + body.count(b"[") > MAX_DEPTH:
+        fields = bound_fields(fields)
+        body = canonical_body(fields)
     digest = hashlib.sha256(prev.encode("ascii") + body).hexdigest()
     line = b"".join((_PREFIX, digest.encode("ascii"), b'",', body[1:], b"\n"))
     fields["hash"] = digest

@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import hashlib
 import os
 import signal
 import stat
@@ -239,6 +240,95 @@ _PIPE_SIZE = 1 << 20
 _F_SETPIPE_SZ = 1031
 
 
+_LOG_CHARS = 200
+
+
+def _short(value: object) -> str:
+    """A client- or server-controlled value for a log line: its repr, at most _LOG_CHARS characters."""
+    text = value if type(value) is str else repr(value)
+    return text if len(text) <= _LOG_CHARS else f"{text[:_LOG_CHARS]}... ({len(text)} characters)"
+
+
+class _LineDigests:
+    """SHA-256 and size of every client line the framer drops, fed the same chunks.
+
+    The framer discards a line over the limit as it streams in, so its bytes
+    are gone by the time it is reported. This hashes the line that is still
+    open at the end of each chunk (complete lines inside a chunk are never
+    hashed unless the chunk itself is over the limit), and keeps a
+    ``(size, sha256)`` for each line that ends over the limit, and for the
+    partial line at EOF, in the order the framer reports them.
+    Sizes and digests cover the line without its newline, a CR included.
+    """
+
+    __slots__ = ("_cr", "_hasher", "_held", "_limit", "found")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._hasher: Any = None
+        self._held = 0  # bytes of the open line so far
+        self._cr = False  # the open line's last byte is a CR
+        self.found: collections.deque[dict[str, Any]] = collections.deque()
+
+    def feed(self, data: bytes) -> None:
+        first = data.find(b"\n")
+        if first < 0:
+            self._extend(data)
+            return
+        view = memoryview(data)
+        if self._held:
+            self._extend(view[:first])
+            self._finish()
+        elif first:
+            self._whole(view[:first])
+        if len(data) > self._limit + 1:
+            # Only a chunk longer than the limit can hold a whole line over it.
+            start = first + 1
+            while True:
+                nl = data.find(b"\n", start)
+                if nl < 0:
+                    break
+                self._whole(view[start:nl])
+                start = nl + 1
+        else:
+            start = data.rfind(b"\n") + 1
+        if start < len(data):
+            self._extend(view[start:])
+
+    def eof(self) -> None:
+        if self._held:
+            self.found.append({"size": self._held, "digest": self._hasher.hexdigest()})
+        self._reset()
+
+    def _over(self, size: int, ends_with_cr: bool) -> bool:
+        # The framer's rule: one trailing CR is not part of the line.
+        return size - ends_with_cr > self._limit
+
+    def _whole(self, line: memoryview) -> None:
+        size = len(line)
+        if size > self._limit and self._over(size, line[-1] == 13):
+            self.found.append({"size": size, "digest": hashlib.sha256(line).hexdigest()})
+
+    def _extend(self, part: bytes | memoryview) -> None:
+        if not part:
+            return
+        if self._hasher is None:
+            self._hasher = hashlib.sha256()
+        self._hasher.update(part)
+        self._held += len(part)
+        self._cr = part[-1] == 13
+
+    def _finish(self) -> None:
+        if self._over(self._held, self._cr):
+            self.found.append({"size": self._held, "digest": self._hasher.hexdigest()})
+        self._reset()
+
+    def _reset(self) -> None:
+        self._hasher = None
+        self._held = 0
+        self._cr = False
+
+
 def _pollable(fd: int) -> bool:
     """Whether the event loop can watch `fd`: a pipe, a socket or a terminal.
 
@@ -314,6 +404,7 @@ class Relay:
         self.gate = gate
         self.state = ProtocolState()
         self._client_framer = Framer(config.max_message_bytes)
+        self._client_digests = _LineDigests(config.max_message_bytes)
         self._server_framer = Framer(config.max_message_bytes)
         self._client_closed = False
         self._server_closed = False
@@ -450,6 +541,8 @@ class Relay:
     def _on_client_data(self, data: bytes) -> None:
         if self._client_closed:
             return
+        digests = self._client_digests
+        digests.feed(data)
         for event in self._client_framer.feed(data):
             if type(event) is bytes:
                 try:
@@ -458,8 +551,12 @@ class Relay:
                     # One message must never stop the session: an exception
                     # escaping data_received closes the client's pipe.
                     log.exception("client_message_failed", size=len(event))
+                    self.on_reject("client", "Visor failed while checking this message", None, event)
             else:
                 self._client_frame_problem(event)
+        if digests.found:
+            # Never carried over to another chunk's lines (the framer reported fewer).
+            digests.found.clear()
         self.to_server.flush()
         self.to_client.flush()
         if self.to_server.backlog > self.config.max_backlog:
@@ -467,9 +564,11 @@ class Relay:
             self.to_server.when_idle(lambda: self._resume_client("backlog"))
 
     def _client_frame_problem(self, event: Oversize | Truncated) -> None:
+        found = self._client_digests.found
+        evidence = found.popleft() if found else {"size": event.size, "digest": None}
         if type(event) is Oversize:
             log.warning("client_message_too_large", size=event.size, limit=self.config.max_message_bytes)
-            self.on_reject("client", "message larger than the limit", None)
+            self.on_reject("client", "message larger than the limit", None, **evidence)
             self.to_client.write(
                 errors.error_response(
                     None, errors.INVALID_REQUEST, f"message larger than {self.config.max_message_bytes} bytes"
@@ -477,14 +576,14 @@ class Relay:
             )
         else:
             log.warning("client_partial_line_at_eof", size=event.size)
-            self.on_reject("client", "stream ended inside a message", None)
+            self.on_reject("client", "stream ended inside a message", None, **evidence)
 
     def _client_line(self, line: bytes) -> None:
         if not line.strip(b" \t"):
             return
         msg = classify(line)
         if type(msg) is Rejected:
-            self._reject_client(msg)
+            self._reject_client(msg, line)
             return
         kind = msg.kind
         if kind is Kind.REQUEST:
@@ -494,9 +593,14 @@ class Relay:
         else:
             self._client_response(msg)
 
-    def _reject_client(self, rej: Rejected) -> None:
-        log.warning("client_message_rejected", reason=rej.reason, code=rej.code, method=rej.method)
-        self.on_reject("client", rej.reason, rej)
+    def _reject_client(self, rej: Rejected, line: bytes) -> None:
+        log.warning(
+            "client_message_rejected",
+            reason=_short(rej.reason),
+            code=rej.code,
+            method=None if rej.method is None else _short(rej.method),
+        )
+        self.on_reject("client", rej.reason, rej, line)
         for msg_id in rej.reply_ids:
             self.to_client.write(errors.error_response(msg_id, rej.code, rej.reason))
         if rej.reply_null:
@@ -512,10 +616,12 @@ class Relay:
                     "id is already in use by a request in flight",
                     (msg.id,),
                     method=msg.method,
-                )
+                ),
+                msg.raw,
             )
             return
         if len(pending) >= self.config.max_pending:
+            self.on_reject("client", "too many requests in flight", None, msg.raw)
             self.to_client.write(
                 errors.error_response(msg.id, errors.INTERNAL_ERROR, "too many requests in flight")
             )
@@ -532,7 +638,8 @@ class Relay:
             try:
                 verdict = self.gate.on_client_request(msg)
             except Exception:
-                log.exception("gate_failed", method=method)
+                log.exception("gate_failed", method=_short(method))
+                self.on_reject("client", "Visor could not check this request", None, msg.raw)
                 verdict = errors.error_response(
                     msg.id, errors.INTERNAL_ERROR, "Visor could not check this request"
                 )
@@ -554,7 +661,10 @@ class Relay:
         try:
             verdict = self.gate.on_tool_call(msg, ctx)
         except Exception as exc:  # a bug in the gate must never turn into an allow
-            log.exception("gate_failed", tool=msg.tool)
+            log.exception("gate_failed", tool=_short(msg.tool))
+            self.on_reject(
+                "client", f"Visor failed while checking this call ({type(exc).__name__})", None, msg.raw
+            )
             verdict = Answer(
                 errors.tool_error_result(
                     msg.id,
@@ -581,7 +691,7 @@ class Relay:
             if fut.cancelled():
                 result = Drop()
             elif fut.exception() is not None:
-                log.error("gate_failed", error=repr(fut.exception()), tool=msg.tool)
+                log.error("gate_failed", error=_short(repr(fut.exception())), tool=_short(msg.tool))
                 result = Answer(
                     errors.tool_error_result(msg.id, "Visor denied this call: internal error", modern=False)
                 )
@@ -590,11 +700,11 @@ class Relay:
             if self.state.client_pending.get(msg.id) is not entry:
                 # Cancelled by the client while it waited: nothing goes anywhere.
                 if type(result) is Forward:
-                    log.info("withdrawn_before_relay", request_id=repr(msg.id), tool=msg.tool)
+                    log.info("withdrawn_before_relay", request_id=_short(msg.id), tool=_short(msg.tool))
                     try:
                         self.gate.on_withdrawn(msg)
                     except Exception:
-                        log.exception("gate_failed", tool=msg.tool)
+                        log.exception("gate_failed", tool=_short(msg.tool))
                 out.set_result(None)
                 return
             if type(result) is Forward:
@@ -653,8 +763,8 @@ class Relay:
                     try:
                         self.gate.cancel(target)
                     except Exception:
-                        log.exception("cancel_failed", request_id=repr(target))
-                log.info("cancel_absorbed", request_id=repr(target))
+                        log.exception("cancel_failed", request_id=_short(target))
+                log.info("cancel_absorbed", request_id=_short(target))
                 return
         elif msg.method == "notifications/initialized":
             self.state.initialized = True
@@ -665,21 +775,22 @@ class Relay:
             # An answer to Visor's own request (an approval): consumed here.
             fut = self._visor_requests.pop(msg.id, None)
             if fut is None:
-                log.warning("client_response_unmatched", id=repr(msg.id))
-                self.on_reject("client", "response to no request Visor sent", None)
+                log.warning("client_response_unmatched", id=_short(msg.id))
+                self.on_reject("client", "response to no request Visor sent", None, msg.raw)
             elif not fut.done():
                 fut.set_result(msg.obj)
             return
         method = self.state.server_pending.pop(msg.id, None)
         if method is None:
-            log.warning("client_response_unmatched", id=repr(msg.id))
-            self.on_reject("client", "response to no request the server sent", None)
+            log.warning("client_response_unmatched", id=_short(msg.id))
+            self.on_reject("client", "response to no request the server sent", None, msg.raw)
             return
         self.to_server.write(msg.raw)
 
     def _on_client_eof(self) -> None:
         if self._client_closed:
             return
+        self._client_digests.eof()
         for event in self._client_framer.eof():
             self._client_frame_problem(event)
         self._client_closed = True
@@ -730,8 +841,12 @@ class Relay:
                     self._server_line(event)
                 except Exception:
                     log.exception("server_message_failed", size=len(event))
+                    self.on_reject("server", "Visor failed while checking this message", None, event)
             else:
                 log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
+                # The server's stream is not hashed as it streams (its large answers are
+                # the hot path): a dropped server line is recorded by its size alone.
+                self.on_reject("server", "message larger than the limit", None, size=event.size)
         self.to_client.flush()
 
     def _server_line(self, line: bytes) -> None:
@@ -741,8 +856,8 @@ class Relay:
         # what the server sends is held to exact duplicates only.
         msg = classify(line, fold_case=False)
         if type(msg) is Rejected:
-            log.warning("server_message_rejected", reason=msg.reason, code=msg.code)
-            self.on_reject("server", msg.reason, msg)
+            log.warning("server_message_rejected", reason=_short(msg.reason), code=msg.code)
+            self.on_reject("server", msg.reason, msg, line)
             return
         kind = msg.kind
         if kind is Kind.RESPONSE:
@@ -751,8 +866,10 @@ class Relay:
             if is_visor_rpc_id(msg.id):
                 # Visor's own requests to the client use this prefix; a server
                 # request with it could collide with an approval, so it is refused.
-                log.warning("server_request_reserved_id", id=repr(msg.id))
-                self.on_reject("server", f"request id uses the reserved prefix {VISOR_ID_PREFIX!r}", None)
+                log.warning("server_request_reserved_id", id=_short(msg.id))
+                self.on_reject(
+                    "server", f"request id uses the reserved prefix {VISOR_ID_PREFIX!r}", None, msg.raw
+                )
                 self.to_server.write(
                     errors.error_response(
                         msg.id,
@@ -763,7 +880,7 @@ class Relay:
                 return
             pending = self.state.server_pending
             if msg.id in pending:
-                log.warning("server_request_duplicate_id", id=repr(msg.id))
+                log.warning("server_request_duplicate_id", id=_short(msg.id))
                 return
             if len(pending) >= self.config.max_pending:
                 # A client that never answers must not let the table grow without bound.
@@ -789,7 +906,9 @@ class Relay:
                 except Exception:
                     log.exception("gate_failed", method=msg.method)
                     self.to_server.write(
-                        errors.error_response(msg.id, errors.INTERNAL_ERROR, "Visor could not check this request")
+                        errors.error_response(
+                            msg.id, errors.INTERNAL_ERROR, "Visor could not check this request"
+                        )
                     )
                     return
             else:
@@ -806,8 +925,10 @@ class Relay:
                     return
                 if not is_valid_id(target):
                     # It names no request the server could have sent.
-                    log.warning("server_cancel_bad_id", id=repr(target)[:200])
-                    self.on_reject("server", "notifications/cancelled without a valid requestId", None)
+                    log.warning("server_cancel_bad_id", id=_short(target))
+                    self.on_reject(
+                        "server", "notifications/cancelled without a valid requestId", None, msg.raw
+                    )
                     return
                 self.state.server_pending.pop(target, None)
             self.to_client.write(msg.raw)
@@ -815,8 +936,8 @@ class Relay:
     def _server_response(self, msg: Message) -> None:
         entry = self.state.client_pending.get(msg.id, _MISSING)
         if entry is _MISSING or not entry.forwarded:  # type: ignore[union-attr]
-            log.warning("server_response_unmatched", id=repr(msg.id))
-            self.on_reject("server", "response to no request the client sent", None)
+            log.warning("server_response_unmatched", id=_short(msg.id))
+            self.on_reject("server", "response to no request the client sent", None, msg.raw)
             return
         del self.state.client_pending[msg.id]
         assert isinstance(entry, PendingRequest)
@@ -825,7 +946,7 @@ class Relay:
         except Exception:
             # Unobserved output must not reach the client unredacted or
             # unpinned: the client gets an error for its request instead.
-            log.exception("server_response_check_failed", method=entry.method, id=repr(msg.id))
+            log.exception("server_response_check_failed", method=entry.method, id=_short(msg.id))
             replacement = errors.error_response(
                 msg.id, errors.INTERNAL_ERROR, "Visor could not check the server's answer"
             )
@@ -859,6 +980,7 @@ class Relay:
         self._server_closed = True
         for event in self._server_framer.eof():
             log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
+            self.on_reject("server", "stream ended inside a message", None, size=event.size)
         log.info("server_stdout_closed")
         if not self._server_eof.done():
             self._server_eof.set_result(None)
@@ -866,8 +988,20 @@ class Relay:
             self._stopping = True
             self.to_server.when_idle(self._server_in.close)
 
-    def on_reject(self, direction: str, reason: str, rej: Rejected | None) -> None:
+    def on_reject(
+        self,
+        direction: str,
+        reason: str,
+        rej: Rejected | None,
+        line: bytes | None = None,
+        *,
+        size: int | None = None,
+        digest: str | None = None,
+    ) -> None:
+        """Record one refusal: by the refused `line`'s size and SHA-256, or the given ones."""
+        if line is not None:
+            size, digest = len(line), hashlib.sha256(line).hexdigest()
         try:
-            self.gate.on_reject(direction, reason, rej)
+            self.gate.on_reject(direction, reason, rej, size=size, digest=digest)
         except Exception:
             log.exception("reject_record_failed", direction=direction)
