@@ -31,6 +31,24 @@ def default_audit_logs() -> list[Path]:
         return []
 
 
+def default_audit_chains() -> list[Path]:
+    """Every chain in the default directory, named by its live file, even one that was deleted.
+
+    `visor audit verify` checks these: rotated files whose live file is gone
+    must fail the check, not drop out of it.
+    """
+    try:
+        names = {p.name for p in audit_dir().iterdir()}
+    except FileNotFoundError:
+        return []
+    lives = {n for n in names if n.endswith(".jsonl")}
+    for n in names:
+        m = re.match(r"(.+\.jsonl)\.[1-9][0-9]*\Z", n)
+        if m:
+            lives.add(m.group(1))
+    return [audit_dir() / n for n in sorted(lives)]
+
+
 def default_audit_path() -> Path:
     """The one default log, when there is exactly one; else name one with --file/--audit."""
     logs = default_audit_logs()

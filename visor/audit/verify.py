@@ -6,11 +6,13 @@ The walker is shared with start-up (writer.py checks the last link with
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from visor.audit.paths import chain_files
+from visor.audit.paths import chain_files, rotated_files
 from visor.audit.record import GENESIS, Parsed, RecordError, parse_line
 
 # How far ahead to look for a missing seq to tell "reordered" from "deleted".
@@ -66,6 +68,8 @@ class Problem:
     parsed: bool  # the bad line is itself a well-formed record (only its link is wrong)
 
     def __str__(self) -> str:
+        if self.line == 0:  # about the file itself (missing, empty) or the whole chain (anchor)
+            return f"{self.path}: {self.reason}"
         return f"{self.path}:{self.line}: {self.reason}"
 
 
@@ -102,6 +106,7 @@ class _Walker:
 
     def __init__(self) -> None:
         self.last: Parsed | None = None
+        self.last_path: Path | None = None
         self.first: Parsed | None = None
         self.count = 0
         self.sessions: set[str] = set()
@@ -116,15 +121,98 @@ class _Walker:
         except RecordError as exc:
             return None, Problem(line.path, line.number, line.offset, exc.reason, exc.kind, False)
         why = link_problem(self.last, cur)
+        if why is None and self.last is None and cur.prev != GENESIS:
+            why = _misplaced_start(line.path, cur)
+        if why is None and line.number == 1 and self.last is not None:
+            why = _continuation_problem(self.last_path, cur)
+        elif why is not None and line.number == 1 and self.last_path is not None and self.last is not None:
+            # The first line of a file must continue the last line of the file before it.
+            why = (
+                f"does not continue {self.last_path.name} (which ends at seq {self.last.seq}): {why}; "
+                f"records were cut from the end of {self.last_path.name}, or a file between them is "
+                "missing or out of place"
+            )
         if why is not None:
             return cur, Problem(line.path, line.number, line.offset, why, "link", True)
         if self.first is None:
             self.first = cur
         self.last = cur
+        self.last_path = line.path
         self.count += 1
         self.sessions.add(str(cur.record.get("session")))
         self.hashes_seen.add(cur.hash)
         return cur, None
+
+
+def _continuation_problem(before: Path | None, cur: Parsed) -> str | None:
+    """A file after the first opens with the `audit_open` that names the file before it."""
+    if before is None:
+        return None
+    named = cur.record.get("rotated_from")
+    if cur.event != "audit_open" or named != before.name:
+        return (
+            f"does not open with an audit_open that continues {before.name} "
+            f"(rotated_from is {named!r}): files renamed or swapped"
+        )
+    return None
+
+
+def _rotation_number(name: str) -> float:
+    m = _ROTATED.search(name)
+    return int(m.group(1)) if m else float("inf")  # the live file comes after every rotated one
+
+
+def _misplaced_start(path: Path, cur: Parsed) -> str | None:
+    """The first file present continues an older one: that one must have a smaller number."""
+    named = cur.record.get("rotated_from")
+    if isinstance(named, str) and _rotation_number(named) >= _rotation_number(path.name):
+        return f"opens as the continuation of {named}, which is not older than it: files renamed or swapped"
+    return None
+
+
+_ROTATED = re.compile(r"\.([1-9][0-9]*)\Z")
+
+
+def structure_problem(path: Path) -> Problem | None:
+    """What is missing from the files of the chain `path` belongs to, before any line is read.
+
+    Rotated files are numbered 1, 2, 3 ... in the order they were written,
+    and the newest is always followed by the live file. Older files may have
+    been removed on purpose (the check then starts at the first one present),
+    but a hole in the numbers, a missing or emptied live file, or an empty
+    rotated file is records deleted.
+    """
+    if _ROTATED.search(path.name):
+        return None  # a rotated file checked on its own
+    rotated = rotated_files(path)
+    numbers = [int(_ROTATED.search(p.name).group(1)) for p in rotated]  # type: ignore[union-attr]
+    for prev, cur in itertools.pairwise(numbers):
+        if cur != prev + 1:
+            missing = path.with_name(f"{path.name}.{prev + 1}")
+            reason = (
+                f"missing: the rotated files go from {path.name}.{prev} to {path.name}.{cur}; "
+                f"{missing.name} was deleted or renamed, and every record in it with it"
+            )
+            return Problem(missing, 0, 0, reason, "missing", False)
+    for p in rotated:
+        if p.stat().st_size == 0:
+            return Problem(
+                p, 0, 0, "empty: a rotated file always holds records; it was truncated", "missing", False
+            )
+    if rotated and not (path.exists() or path.is_symlink()):
+        reason = (
+            f"missing: the live file that continues {rotated[-1].name} was deleted, and every record "
+            "in it with it (after a crash between rotating and the first write, the next `visor run` "
+            "recreates it)"
+        )
+        return Problem(path, 0, 0, reason, "missing", False)
+    if rotated and path.is_file() and path.stat().st_size == 0:
+        reason = (
+            f"empty: the live file that continues {rotated[-1].name} holds no record; it was truncated "
+            "(after a crash between rotating and the first write, the next `visor run` continues it)"
+        )
+        return Problem(path, 0, 0, reason, "missing", False)
+    return None
 
 
 def _reclassify_gap(problem: Problem, expected: int, rest: Iterator[Line]) -> Problem:
@@ -178,8 +266,17 @@ def verify_files(files: list[Path], *, head: str | None = None) -> ChainReport:
 
 
 def verify_path(path: Path, *, head: str | None = None) -> ChainReport:
-    """Verify the chain a path belongs to (a live file brings its rotated files)."""
-    return verify_files(chain_files(path), head=head)
+    """Verify the chain a path belongs to (a live file brings its rotated files).
+
+    The files themselves are checked first: a rotated file missing from the
+    middle of the numbering, or a live file deleted or emptied next to its
+    rotated files, fails naming that file.
+    """
+    files = chain_files(path)
+    problem = structure_problem(path)
+    if problem is not None:
+        return ChainReport(tuple(files), 0, None, None, None, 0, problem, ())
+    return verify_files(files, head=head)
 
 
 def first_problem(path: Path) -> Problem | None:
