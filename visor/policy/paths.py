@@ -257,7 +257,9 @@ def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
     followed before ``..``). A deny rule fires if any reading matches; an
     allow rule must hold for every one. Raises PathError.
     """
-    texts = _texts(raw, os.environ.get("HOME", "") if "~" in raw else "")
+    home = os.environ.get("HOME", "") if "~" in raw else ""
+    # only short values are cached: a huge argument must not pin memory
+    texts = _texts(raw, home) if len(raw) <= 1024 else _texts.__wrapped__(raw, home)
     base = cwd
     lexical: list[str] = []
     joins: list[str] = []
@@ -408,6 +410,6 @@ def is_sensitive(path: str, extra: tuple[Glob, ...] = ()) -> bool:
     name (``.env.``, ``.env ``, ``.env::$DATA`` are ``.env``): see
     ``Glob.variants``.
     """
-    if _builtin_sensitive(path):
+    if _builtin_sensitive(path) if len(path) <= 1024 else _builtin_sensitive.__wrapped__(path):
         return True
     return any(g.match_folded(path) for g in extra)

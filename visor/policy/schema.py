@@ -82,7 +82,6 @@ class Glob:
         return re.compile(unicodedata.normalize("NFC", source), re.DOTALL | re.IGNORECASE)
 
     @staticmethod
-    @lru_cache(maxsize=8192)
     def variants(path: str) -> tuple[str, ...]:
         """The spellings under which a path may name the same file on some file system.
 
@@ -92,6 +91,11 @@ class Glob:
         are ``.env``). Case is left alone: compare with ``re.IGNORECASE`` or
         ``casefold``.
         """
+        # A huge argument is not cached: it must not pin memory.
+        return Glob._variants_cached(path) if len(path) <= 1024 else Glob._variants(path)
+
+    @staticmethod
+    def _variants(path: str) -> tuple[str, ...]:
         nfc = path if path.isascii() else unicodedata.normalize("NFC", path)
         if not _WIN_NAME_END.search(nfc):
             return (nfc,)
@@ -109,6 +113,11 @@ class Glob:
             names.append(name)
         win = "/".join(names)
         return (nfc,) if win == nfc else (nfc, win)
+
+    @staticmethod
+    @lru_cache(maxsize=8192)
+    def _variants_cached(path: str) -> tuple[str, ...]:
+        return Glob._variants(path)
 
 
 @dataclass(frozen=True, slots=True)
