@@ -155,6 +155,9 @@ def test_client_configs_are_visors_own_files(tmp_path: Path) -> None:
         vp.request({"jsonrpc": "2.0", "id": "l", "method": "tools/list"})
         assert vp.recv()["id"] == "l"
         targets = [
+            ".mcp.json",
+            ".MCP.json.",
+            " .mcp.json.bak",
             str(mcp),
             str(home / ".claude.json"),
             str(home / ".cursor" / "mcp.json"),

@@ -36,8 +36,9 @@ from visor.policy.schema import Glob
 # command line, a redirect, an option `--out=PATH`, a quoted name).
 _WORDS = re.compile(r"[\s<>|;&'\"`=(),]+")
 
-# id(Protected) -> (the instance, working directory, whether a bare name there is protected)
-_LOOSE: dict[int, tuple[Protected, str, bool]] = {}
+# id(Protected) -> (the instance, working directory, whether any bare name there
+# may be protected, the folded names of protected entries directly in it)
+_LOOSE: dict[int, tuple[Protected, str, bool, frozenset[str]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,21 +78,30 @@ class Protected:
         cwd = os.getcwd()
         cached = _LOOSE.get(id(self))
         if cached is not None and cached[0] is self and cached[1] == cwd:
-            loose = cached[2]
+            loose, bare = cached[2], cached[3]
         else:
             # Resolving the working directory walks the file system; it is the
             # same on every call, so it is done once per directory, not per call.
-            loose = self._covers(os.path.realpath(cwd), frozenset())  # a bare file name may be one of ours
+            real_cwd = os.path.realpath(cwd)
+            loose = self._covers(real_cwd, frozenset())  # a bare file name may be one of ours
+            # A protected file (a project's .mcp.json) directly in the working
+            # directory is named by its bare name: those names are looked up as words.
+            here = _fold(real_cwd).rstrip("/")
+            bare = frozenset(
+                f.rsplit("/", 1)[1]
+                for f in (*self.folded_files, *self.folded_dirs)
+                if f.rsplit("/", 1)[0] == here
+            )
             if len(_LOOSE) > 64:
                 _LOOSE.clear()
-            _LOOSE[id(self)] = (self, cwd, loose)
+            _LOOSE[id(self)] = (self, cwd, loose, bare)
         ids: list[frozenset[tuple[int, int]]] = []  # the files' identities, read once per call if needed
         stack = [arguments]
         while stack:
             node = stack.pop()
             t = type(node)
             if t is str:
-                if self._names(node, cwd, loose, ids):
+                if self._names(node, cwd, loose, ids) or (bare and _names_bare(node, bare)):
                     return node
             elif t is dict:
                 stack.extend(node.keys())
@@ -161,6 +171,15 @@ class Protected:
                     return False
                 path = parent
         return False
+
+
+def _names_bare(text: str, bare: frozenset[str]) -> bool:
+    """Whether ``text`` is one of the bare names (or its ``NAME.*`` sibling), compared
+    as a case-insensitive file system with Windows name rules would. Only the whole
+    string: a file tool takes a name whole, and a sentence that mentions one
+    (a commit message) names nothing."""
+    key = _fold(text.strip()).rstrip(". ")
+    return bool(key) and (key in bare or any(key.startswith(b + ".") for b in bare))
 
 
 # A string that may name a path: a separator, a home, a percent-escape, a file URI.
