@@ -130,6 +130,62 @@ class StartupError(Exception):
     """Visor refuses to start: the message says what to fix."""
 
 
+def measure_invocation(command: list[str], positions: tuple[int, ...]) -> tuple[str | None, str | None]:
+    """``(digest, None)`` of the stdio invocation ``command`` under
+    ``stdio_invocation_sha256_v1``, or ``(None, why)`` when it cannot be
+    measured (the file reads for visor/policy/attestation.py, which defines
+    the encoding). ``positions`` are the arguments whose file content is bound.
+    """
+    import shutil
+
+    from visor.policy import attestation as att
+
+    if not command or not command[0]:
+        return None, "the server command is empty"
+    name, args = command[0], command[1:]
+    found = shutil.which(name)
+    if found is None:
+        return None, f"{name!r} is not an executable file (looked up on PATH)"
+    runner = att.unpinnable_launcher((os.path.basename(name), os.path.basename(found)), args)
+    if runner is not None:
+        return None, f"launcher {runner!r} runs a package from a registry, which cannot be content-pinned"
+    for pos in positions:
+        if pos >= len(args):
+            return None, f"entry_arg_positions {pos} is out of range for {len(args)} arguments"
+    digest = att.Digest()
+
+    def stream(path: str, tag: int, index: int, what: str) -> str | None:
+        real = os.path.realpath(path, strict=True)
+        st = os.stat(real)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{what} {path!r} is not a regular file"
+        if tag == att.TAG_EXECUTABLE and not st.st_mode & 0o111:
+            return f"{what} {path!r} is not executable"
+        digest.header(tag, index, st.st_size)
+        count = 0
+        with open(real, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.data(chunk)
+                count += len(chunk)
+        if count != st.st_size:
+            return f"{what} {path!r} changed size while it was hashed"
+        return None
+
+    try:
+        why = stream(found, att.TAG_EXECUTABLE, 0, "the launcher")
+        if why is not None:
+            return None, why
+        for i, arg in enumerate(args):
+            digest.argument(i, arg)
+            if i in positions:
+                why = stream(arg, att.TAG_ENTRY_PAYLOAD, i, "the entry argument")
+                if why is not None:
+                    return None, why
+    except OSError as exc:
+        return None, f"cannot read {exc.filename or 'a file'}: {exc.strerror or exc}"
+    return digest.result(), None
+
+
 def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.pinfile import read_pins, write_pins
@@ -142,6 +198,10 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         raise StartupError(f"policy refused: {exc}") from exc
     except OSError as exc:
         raise StartupError(f"cannot read the policy {args.policy}: {exc.strerror or exc}") from exc
+    from visor.policy import attestation
+
+    # An attested server entry: measure the invocation once, before it starts.
+    policy = attestation.observe(policy, args.server_name, lambda pos: measure_invocation(command, pos))
 
     # Before the audit log opens: a refused option must not leave its writer running.
     approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)

@@ -232,12 +232,15 @@ def test_shipped_policies_load(name: str) -> None:
     load_policy(POLICIES / name)
 
 
-REFERENCE = Path(__file__).parents[3] / "shared" / "reference" / "mcp-visor-policies"
+# mcp-visor's own example policies, copied with their license (data/mcp-visor/SOURCE.md).
+REFERENCE = DATA / "mcp-visor"
 
 
-@pytest.mark.skipif(not REFERENCE.is_dir(), reason="../shared/reference is not beside this checkout")
-def test_mcp_visor_reference_policies_if_present() -> None:
-    for f in sorted(REFERENCE.glob("*.yaml")):
+def test_mcp_visor_reference_policies_load() -> None:
+    files = sorted(REFERENCE.glob("*.yaml"))
+    assert len(files) == 13  # 12 example policies and the README's wrong-positions example
+    assert (REFERENCE / "LICENSE-mcp-visor").is_file()
+    for f in files:
         if f.name == "readme-example-wrong-positions.yaml":
             with pytest.raises(PolicyError, match=r"servers\[1\]\.risk: unknown key 'risk' at server level"):
                 load_policy(f)

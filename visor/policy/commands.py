@@ -1,4 +1,4 @@
-"""The `visor lint` and `visor pins` subcommands. Results go to stdout,
+"""The `visor lint`, `visor pins` and `visor attest` subcommands. Results go to stdout,
 problems to stderr; the CLI calls ``register`` to add them."""
 
 from __future__ import annotations
@@ -27,6 +27,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     pins.set_defaults(func=run_pins)
 
+    add_attest(subparsers, "attest", "visor attest")
+
+
+def add_attest(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:
+    """The attest command (`visor attest`); another group can add it under its own name."""
+    attest = subparsers.add_parser(
+        name,
+        help="print the attestation digest (stdio_invocation_sha256_v1) of a server command, to pin in a policy",
+        usage=f"{prog} [--entry-arg-position N]... -- COMMAND [ARGS...]",
+        description="Measure COMMAND ARGS exactly as `visor run -- COMMAND ARGS` measures it at "
+        "start-up (run it from the same directory, with the same PATH) and print the attestation "
+        "block for the server's policy entry.",
+    )
+    attest.add_argument(
+        "--entry-arg-position",
+        metavar="N",
+        type=int,
+        action="append",
+        default=[],
+        help="bind the content of the file named by argument N (0 = the first argument after "
+        "COMMAND); repeatable",
+    )
+    attest.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
+    attest.set_defaults(func=run_attest)
+
 
 def run_lint(args: argparse.Namespace) -> int:
     _policy, findings = lint_file(args.file)
@@ -41,6 +66,32 @@ def run_lint(args: argparse.Namespace) -> int:
             print(f"{args.file}: ok")
     if errors or (args.strict and warnings):
         return 1
+    return 0
+
+
+def run_attest(args: argparse.Namespace) -> int:
+    from visor.policy.attestation import KIND
+    from visor.run import measure_invocation
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("visor attest: no command given; usage: visor attest -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    positions = sorted(set(args.entry_arg_position))
+    if any(p < 0 for p in positions):
+        print("visor attest: --entry-arg-position must be >= 0", file=sys.stderr)
+        return 2
+    digest, why = measure_invocation(command, tuple(positions))
+    if digest is None:
+        print(f"visor attest: cannot measure {command[0]!r}: {why}", file=sys.stderr)
+        return 1
+    print("attestation:")
+    print(f'  kind: "{KIND}"')
+    print(f'  digest: "{digest}"')
+    if positions:
+        print(f"  entry_arg_positions: [{', '.join(str(p) for p in positions)}]")
     return 0
 
 

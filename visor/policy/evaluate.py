@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 import orjson
 
-from visor.policy import chains, paths, readings, rules
+from visor.policy import attestation, chains, paths, readings, rules
 from visor.policy import destinations as dst
 from visor.policy.schema import Policy, ToolPolicy
 
@@ -95,6 +95,20 @@ def _ask(rule: str, reason: str, **kw: str | None) -> Decision:
 
 
 # ------------------------------------------------------------------ 2. pins
+
+
+def check_attestation(c: _Ctx) -> Decision | None:
+    """A server entry that pins an invocation digest (``attestation:``) gets
+    no call through unless `visor run` measured the same digest at start-up
+    (visor/policy/attestation.py). mcp-visor checks this first, before limits."""
+    srv = c.session.server_entry
+    att = srv.attestation if srv is not None else None
+    if att is None:
+        return None
+    why = attestation.verdict(att.observed, att.unresolved, att.digest)
+    if why is None:
+        return None
+    return _deny(f"servers[{srv.name}].attestation", why)  # type: ignore[union-attr]
 
 
 def check_server_pin(c: _Ctx) -> Decision | None:
@@ -486,6 +500,7 @@ def check_approval(c: _Ctx) -> Decision | None:
 
 #: The decision order. Names are stable: tests and docs refer to them.
 CHECKS: tuple[tuple[str, Check], ...] = (
+    ("attestation", check_attestation),
     ("pin.server", check_server_pin),
     ("pin.tool", check_tool_pin),
     ("limits.argument_size", check_argument_size),

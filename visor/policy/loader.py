@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import replace
 from importlib import resources
 from typing import Any, NoReturn
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -22,9 +23,11 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from visor.policy import destinations as dst
 from visor.policy import paths
 from visor.policy.schema import (
+    ATTESTATION_KINDS,
     RULE_TYPES,
     AccessList,
     Action,
+    Attestation,
     ChainMatch,
     EgressControl,
     Glob,
@@ -252,6 +255,7 @@ _SERVER = frozenset(
         "prompts",
         "server_requests",
         "hide_denied_tools",
+        "attestation",
     }
 )
 _SERVER_REQUESTS = ("sampling", "elicitation")
@@ -284,6 +288,7 @@ _RULE_KEYS: dict[str, frozenset[str]] = {
     "allowed_repos": frozenset({"repos"}),
     "max_file_size": frozenset({"bytes"}),
     "max_result_rows": frozenset({"rows"}),
+    "max_export_rows": frozenset({"rows"}),
     "require_approval_always": frozenset(),
 }
 _ACTIONS = ("deny", "require_approval", "ask", "allow")
@@ -294,6 +299,10 @@ def _action(r: _Reader, node: Node, key: str, allow_allow: bool = True) -> Actio
     choices = _ACTIONS if allow_allow else _ACTIONS[:3]
     value = r.choice(node, key, choices)
     return "ask" if value in ("require_approval", "ask") else "deny" if value == "deny" else "allow"
+
+
+#: Settings whose explicit 0 means "no limit" (mcp-visor checks them only when > 0).
+_ZERO_IS_OFF = frozenset({"session_max_calls", "session_timeout_seconds", "max_output_size_bytes"})
 
 
 def _settings(r: _Reader, node: Node) -> Settings:
@@ -316,8 +325,11 @@ def _settings(r: _Reader, node: Node) -> Settings:
     ):
         if key in m:
             value = r.int_(m[key], f"settings.{key}")
-            # As in mcp-visor, 0 means "not set" for settings (unlike a tool's max_calls).
             if value == 0:
+                # As in mcp-visor (whose runtime checks read `> 0`), an explicit 0
+                # switches a limit off; for the other settings 0 keeps the default.
+                if field_name in _ZERO_IS_OFF:
+                    kw[field_name] = None
                 continue
             kw[field_name] = value
     if "log_level" in m:
@@ -526,6 +538,42 @@ def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:
         hide_denied_tools=r.bool_(m["hide_denied_tools"], f"{key}.hide_denied_tools")
         if "hide_denied_tools" in m
         else False,
+        attestation=_attestation(r, m["attestation"], f"{key}.attestation") if "attestation" in m else None,
+    )
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _attestation(r: _Reader, node: Node, key: str) -> Attestation:
+    """``{kind, digest, entry_arg_positions}``, validated as mcp-visor validates it."""
+    m = r.mapping(
+        node, key, {"kind", "digest", "entry_arg_positions"}, ("kind", "digest"), kind="attestation"
+    )
+    kind = r.str_(m["kind"], f"{key}.kind")
+    if kind not in ATTESTATION_KINDS:
+        r.fail(
+            m["kind"],
+            f"{key}.kind",
+            f"unsupported attestation kind {kind!r}; supported: {', '.join(ATTESTATION_KINDS)}",
+        )
+    digest = r.str_(m["digest"], f"{key}.digest")
+    if _DIGEST.fullmatch(digest) is None:
+        r.fail(m["digest"], f"{key}.digest", f"must be sha256:<64 lower-case hex digits>, got {digest!r}")
+    positions: list[int] = []
+    if "entry_arg_positions" in m:
+        pkey = f"{key}.entry_arg_positions"
+        for i, n in enumerate(r.list_(m["entry_arg_positions"], pkey)):
+            pos = r.int_(n, f"{pkey}[{i}]")
+            if pos in positions:
+                r.fail(n, f"{pkey}[{i}]", f"duplicate position {pos}")
+            positions.append(pos)
+    # list order is not part of the identity (sorted, as mcp-visor normalises it)
+    return Attestation(
+        kind=kind,
+        digest=digest,
+        entry_arg_positions=tuple(sorted(positions)),
+        line=node.start_mark.line + 1,
     )
 
 
@@ -804,12 +852,9 @@ def _redaction(r: _Reader, node: Node) -> Redaction:
             else True,
             builtin=r.bool_(m["builtin"], "redaction.builtin") if "builtin" in m else True,
             disable=disable,
-            sensitive_files=tuple(
-                r.glob(n, f"redaction.sensitive_files[{i}]")
-                for i, n in enumerate(r.list_(m["sensitive_files"], "redaction.sensitive_files"))
-            )
+            sensitive_files=_sensitive_files(r, m["sensitive_files"])
             if "sensitive_files" in m
-            else (),
+            else _default_sensitive_files(),
             patterns=_redaction_patterns(r, m["patterns"], "redaction.patterns", "policy", off)
             if "patterns" in m
             else (),
@@ -819,6 +864,66 @@ def _redaction(r: _Reader, node: Node) -> Redaction:
             if "output_patterns" in m
             else (),
         )
+    )
+
+
+#: mcp-visor's `redaction.sensitive_files` when a policy gives none (loader.go DefaultPolicy).
+MCP_VISOR_SENSITIVE_FILES: tuple[str, ...] = (
+    "**/.env",
+    "**/.env.*",
+    "**/credentials",
+    "**/secrets",
+    "**/.aws/credentials",
+    "**/.ssh/**",
+    "**/.docker/config.json",
+    "**/kubeconfig",
+    "**/.npmrc",
+    "**/*.pem",
+    "**/*.key",
+)
+
+
+def _mcp_visor_reading(text: str) -> Glob:
+    """A sensitive_files glob as mcp-visor reads it: every character literal
+    except ``**`` (any characters, ``/`` included) and ``*`` (any within one
+    segment), case-insensitive, matched against the whole path."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif text[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        else:
+            out.append(re.escape(text[i]))
+            i += 1
+    return Glob(text, re.compile("".join(out), re.IGNORECASE | re.DOTALL))
+
+
+def _both_readings(visor_glob: Glob, text: str) -> tuple[Glob, ...]:
+    """Visor's doublestar reading of a sensitive_files glob, and mcp-visor's
+    where it is a different regex: a path either one matches is sensitive, so
+    the file denies at least what mcp-visor denies (``[``, ``{`` and ``?`` are
+    literal there, and ``**`` spans any characters)."""
+    theirs = _mcp_visor_reading(text)
+    if theirs.regex.pattern == visor_glob.regex.pattern:
+        return (visor_glob,)
+    return (visor_glob, theirs)
+
+
+def _sensitive_files(r: _Reader, node: Node) -> tuple[Glob, ...]:
+    out: list[Glob] = []
+    for i, n in enumerate(r.list_(node, "redaction.sensitive_files")):
+        key = f"redaction.sensitive_files[{i}]"
+        out.extend(_both_readings(r.glob(n, key), r.str_(n, key)))
+    return tuple(out)
+
+
+def _default_sensitive_files() -> tuple[Glob, ...]:
+    return tuple(
+        g for text in MCP_VISOR_SENSITIVE_FILES for g in _both_readings(paths.compile_glob(text), text)
     )
 
 
@@ -889,6 +994,18 @@ def _build(text: str, source: str, sha: str) -> Policy:
     packs = _packs()
     if settings.packs is not None:
         packs = {k: v for k, v in packs.items() if k in settings.packs}
+    redaction = (
+        _redaction(r, m["redaction"])
+        if "redaction" in m
+        else _with_engine(Redaction(sensitive_files=_default_sensitive_files()))
+    )
+    # mcp-visor denies a tool call naming one of redaction.sensitive_files
+    # (internal/proxy/tools_call.go): the evaluator's sensitive-path check
+    # reads settings.sensitive_paths, so the globs join them there.
+    known = {(g.pattern, g.regex.pattern) for g in settings.sensitive_paths}
+    merged = tuple(g for g in redaction.sensitive_files if (g.pattern, g.regex.pattern) not in known)
+    if merged:
+        settings = replace(settings, sensitive_paths=settings.sensitive_paths + merged)
     return Policy(
         source=source,
         sha256=sha,
@@ -919,7 +1036,7 @@ def _build(text: str, source: str, sha: str) -> Policy:
                 r.list_(m["time_restrictions"], "time_restrictions") if "time_restrictions" in m else []
             )
         ),
-        redaction=_redaction(r, m["redaction"]) if "redaction" in m else _with_engine(Redaction()),
+        redaction=redaction,
         packs=packs,
     )
 

@@ -365,3 +365,14 @@ ARGUMENT_CHECKS: dict[str, Callable[[Rule, CallView], str | None]] = {
     "max_file_size": max_file_size,
     "max_result_rows": max_result_rows,
 }
+
+
+def max_export_rows(rule: Rule, view: CallView) -> str | None:
+    """mcp-visor's ``max_export_rows``: the same check as ``max_result_rows``
+    (internal/policy/engine.go evaluates both types in one case), named for
+    its own rule in the reason."""
+    reason = max_result_rows(rule, view)
+    return None if reason is None else f"{reason} (max_export_rows)"
+
+
+ARGUMENT_CHECKS["max_export_rows"] = max_export_rows

@@ -31,9 +31,13 @@ RULE_TYPES: frozenset[str] = frozenset(
         "allowed_repos",
         "max_file_size",
         "max_result_rows",
+        "max_export_rows",  # mcp-visor: the same check as max_result_rows
         "require_approval_always",
     }
 )
+
+#: Attestation kinds of a server entry that Visor can measure.
+ATTESTATION_KINDS: tuple[str, ...] = ("stdio_invocation_sha256_v1",)
 
 
 # A name that Windows reads differently: a trailing dot or space, or a `:stream`.
@@ -183,6 +187,24 @@ class AccessList:
 
 
 @dataclass(frozen=True, slots=True)
+class Attestation:
+    """``attestation:`` of a server entry: a pinned digest of the launched stdio invocation.
+
+    ``observed`` and ``unresolved`` are filled in at start-up by `visor run`
+    (``visor.policy.attestation.observe``): the digest of the invocation it
+    launched, or why none could be measured. Until then neither is set and
+    every call to the server is denied.
+    """
+
+    kind: str
+    digest: str  # "sha256:" + 64 lower-case hex digits
+    entry_arg_positions: tuple[int, ...] = ()  # sorted, unique, zero-based into the server's args
+    line: int = 0
+    observed: str | None = None
+    unresolved: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerPolicy:
     name: str
     allowed: bool
@@ -198,6 +220,7 @@ class ServerPolicy:
     # "sampling" / "elicitation" -> "allow" | "deny"; absent: allow
     server_requests: dict[str, str] = field(default_factory=dict)
     hide_denied_tools: bool = False
+    attestation: Attestation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,11 +318,13 @@ class Redaction:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    # Defaults are mcp-visor's (internal/policy/loader.go DefaultPolicy), so an
+    # omitted key means what it means there. None: no limit (an explicit 0).
     max_argument_size_bytes: int = 1_048_576
-    max_output_size_bytes: int | None = None
-    session_max_calls: int | None = None  # mcp-visor: session_max_tools
-    session_timeout_seconds: int | None = None
-    approval_timeout_seconds: int = 120
+    max_output_size_bytes: int | None = 10_485_760
+    session_max_calls: int | None = 100  # mcp-visor: session_max_tools
+    session_timeout_seconds: int | None = 3600
+    approval_timeout_seconds: int = 300
     chain_window_size: int = 10
     log_level: str = "info"
     identity: str | None = None
