@@ -63,13 +63,29 @@ def _registration(policy: Policy, server: str, what: str) -> Decision | None:
     return None
 
 
-def _acl(acl: AccessList | None, candidates: tuple[str, ...], rule: str, what: str) -> Decision | None:
+def _acl(
+    acl: AccessList | None,
+    candidates: tuple[str, ...],
+    rule: str,
+    what: str,
+    path_forms: tuple[str, ...] = (),
+) -> Decision | None:
+    """Deny wins if any reading matches a deny glob (compared as a case-insensitive
+    file system would); an allow list must admit every reading of a file path
+    (as a path or as its ``file://`` URI), else the name or URI as written."""
     if acl is None:
         return None
+    readings = candidates + path_forms
     for glob in acl.deny:
-        if any(glob.match(c) for c in candidates):
+        if any(glob.match(c) or glob.match_folded(c) for c in readings):
             return _decision("deny", f"{rule}.deny", f"{what} matches deny pattern {glob.pattern!r}")
-    if acl.allow is not None and not any(g.match(c) for g in acl.allow for c in candidates):
+    if acl.allow is None:
+        return None
+    if path_forms:
+        admitted = all(any(g.match(f) or g.match("file://" + f) for g in acl.allow) for f in path_forms)
+    else:
+        admitted = any(g.match(c) for g in acl.allow for c in candidates)
+    if not admitted:
         return _decision("deny", f"{rule}.allow", f"{what} matches no allow pattern")
     return None
 
@@ -95,13 +111,15 @@ def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
                 return _decision(
                     "deny", "resource.sensitive", f"resource {uri!r} names a sensitive file ({form})"
                 )
-        candidates = (uri, *forms)
+        path_forms: tuple[str, ...] = forms
+    else:
+        path_forms = ()
     found = _registration(policy, server, "resources")
     if found is not None:
         return found
     entry = policy.server(server)
     prefix = f"servers[{entry.name}].resources" if entry else "resources"
-    return _acl(entry.resources if entry else None, candidates, prefix, f"resource {uri!r}")
+    return _acl(entry.resources if entry else None, candidates, prefix, f"resource {uri!r}", path_forms)
 
 
 def prompt_decision(policy: Policy, server: str, name: str) -> Decision | None:
