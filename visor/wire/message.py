@@ -432,18 +432,22 @@ class _Duplicate(Exception):
 
 def _duplicate_key_problem_exact(line: bytes, fold_case: bool) -> str | None:
     def hook(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        exact: set[str] = set()
         seen: set[str] = set()
         for k, _ in items:
+            if k in exact:
+                raise _Duplicate("duplicate keys")
+            exact.add(k)
             folded = k.casefold() if fold_case else k
             if folded in seen:
-                raise _Duplicate(k)
+                raise _Duplicate("duplicate keys (equal after case folding)")
             seen.add(folded)
         return dict(items)
 
     try:
         json.loads(line, object_pairs_hook=hook)
-    except _Duplicate:
-        return "duplicate keys"
+    except _Duplicate as dup:
+        return str(dup)
     except RecursionError:
         # orjson reads 1024 levels; the standard library stops near the
         # interpreter's recursion limit. Unchecked is not accepted.
