@@ -342,6 +342,10 @@ class _Reader:
             raise _Unreadable(f"redirection {op!r} without a target")
         e, value, _lit = self.word(k)
         raw = s[k:e]
+        if raw.isdigit() and e < n and s[e] in "<>":
+            # bash lexes digits right before < or > as that redirection's fd
+            # number (`<2>&1` is `<` then `2>&1`), so this one has no target
+            raise _Unreadable(f"redirection {op!r} without a target")
         return e, [s[i:k].strip(), value if _BARE.fullmatch(value) else raw]
 
     # ------------------------------------------------------------ words
