@@ -40,13 +40,17 @@ def test_deep_ascii_line_does_not_raise(depth: int) -> None:
     # the colon count re-encoded the object and let JSONEncodeError (a
     # TypeError) escape classify().
     line = _env(b'{"a":' + b"[" * depth + b"]" * depth + b"}")
-    assert isinstance(classify(line), Message)
+    # from the client: refused past 64 levels (visor.wire.message.MAX_DEPTH), never raised
+    refused = classify(line)
+    assert isinstance(refused, Rejected) and "nested deeper" in refused.reason
     assert isinstance(classify(line, fold_case=False), Message)
     dup = _env(b'{"a":1,"a":' + b"[" * depth + b"]" * depth + b"}")
     assert isinstance(classify(dup), Rejected)
     folded = _env(b'{"a":1,"A":' + b"[" * depth + b"]" * depth + b"}")
     assert isinstance(classify(folded), Rejected)
     assert isinstance(classify(folded, fold_case=False), Message)
+    shallow = _env(b'{"a":' + b"[" * 60 + b"]" * 60 + b"}")
+    assert isinstance(classify(shallow), Message)
 
 
 @pytest.mark.parametrize("depth", [900, 990, 1000, 1018])

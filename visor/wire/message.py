@@ -138,6 +138,11 @@ def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
             # orjson reads these as floats; the server reads the exact
             # integer. The policy must never judge a number the server does not see.
             return _reject_with_id(obj, "an integer outside the 64-bit range")
+        if line.count(b"{") + line.count(b"[") > MAX_DEPTH and _depth_over(obj, MAX_DEPTH):
+            # Readers stop at different depths (Python's json near 1000, orjson
+            # writes 254, servers have their own limits): past a depth no real
+            # call needs, no single reading can be vouched for.
+            return _reject_with_id(obj, f"nested deeper than {MAX_DEPTH} levels")
         msg = _classify_object(obj, line)
         if type(msg) is Message and msg.kind is not Kind.RESPONSE:
             params = obj.get("params")
@@ -147,6 +152,23 @@ def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
                     return _reject_variant(msg, variant)
         return msg
     return _classify_object(obj, line)
+
+
+#: The deepest a client message may nest (objects and arrays, the envelope included).
+MAX_DEPTH = 64
+
+
+def _depth_over(obj: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if type(node) is dict else node
+        for v in children:
+            if type(v) is dict or type(v) is list:
+                stack.append((v, depth + 1))
+    return False
 
 
 def member_variant(params: dict[str, Any]) -> tuple[str, str] | None:
