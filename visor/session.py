@@ -162,7 +162,7 @@ class SessionState:
         self.tool_calls: dict[str, int] = {}
         self.taints: set[str] = set()
         # provenance
-        self.output = dst.OutputIndex()
+        self.output = dst.OutputIndex(policy.settings.output_index_max_keys)
         self.outputs_seen = 0
         self.approvals: set[tuple[str, str, str]] = set()
         # resolution cache

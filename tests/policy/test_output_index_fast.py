@@ -63,10 +63,7 @@ def reference_keys(text: str) -> set[str]:
 
 
 def fast_keys(*texts: str) -> set[str]:
-    idx = d.OutputIndex()
-    for t in texts:
-        idx.add(t)
-    return idx.export()
+    return d.extract_keys(*texts)
 
 
 # Characters every extractor cares about, so that random text is dense in near-misses.

@@ -100,17 +100,25 @@ def _matches(words: tuple[str, ...], literal: tuple[bool, ...], argv: tuple[str,
 
 
 def uncovered(reading: Reading, runs: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """The commands bash ran that Visor did not list (as a multiset)."""
+    """The commands bash ran that Visor did not list (as a multiset).
+
+    A maximum bipartite matching, not a greedy one: the commands of a
+    pipeline run concurrently, so their order in the trace varies, and a
+    greedy pass could pair a run with the wrong command and report a miss."""
     pool = [c for c in reading.commands if c.words]
-    missing = []
-    for argv in runs:
+    owner: dict[int, int] = {}  # pool index -> run index
+
+    def place(r: int, seen: set[int]) -> bool:
         for k, c in enumerate(pool):
-            if _matches(c.words, c.literal, argv):
-                del pool[k]
-                break
-        else:
-            missing.append(argv)
-    return missing
+            if k in seen or not _matches(c.words, c.literal, runs[r]):
+                continue
+            seen.add(k)
+            if k not in owner or place(owner[k], seen):
+                owner[k] = r
+                return True
+        return False
+
+    return [argv for r, argv in enumerate(runs) if not place(r, set())]
 
 
 def check(cmd: str) -> Reading:

@@ -13,7 +13,8 @@ import html
 import json
 import re
 import unicodedata
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import parse_qsl, unquote
@@ -492,13 +493,100 @@ def _alpha(chunk: str) -> bool:
     return chunk.isalpha()
 
 
+class DigestTable:
+    """A bounded set of 64-bit digests of keys: 8 bytes a slot, at most half full.
+
+    The output index holds a key for every destination-like token the server
+    ever showed; as strings in a set that costs about 20 bytes of memory per
+    byte of output. Only membership is ever asked, so a digest does: Python's
+    per-process keyed string hash (SipHash, seeded at random on every start,
+    so output cannot be crafted to collide). A collision can only make an
+    unseen key look seen: a deny, never an allow.
+
+    The table grows by doubling up to ``max_keys``; past that it stops adding
+    and says so (``saturated``): from then on an unseen destination cannot be
+    told from a seen one that was dropped, and the evaluator asks instead of
+    trusting (visor/policy/evaluate.py, ``check_provenance``).
+    """
+
+    __slots__ = ("_mask", "_slots", "count", "max_keys", "saturated")
+
+    def __init__(self, max_keys: int) -> None:
+        self.max_keys = max_keys
+        self.count = 0
+        self.saturated = False
+        self._slots = array("q", bytes(8 * 1024))
+        self._mask = 1023
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, key: str) -> bool:
+        h = hash(key) or 1
+        slots, mask = self._slots, self._mask
+        i = h & mask
+        while True:
+            v = slots[i]
+            if v == h:
+                return True
+            if v == 0:
+                return False
+            i = (i + 1) & mask
+
+    def add(self, key: str) -> None:
+        h = hash(key) or 1
+        slots, mask = self._slots, self._mask
+        i = h & mask
+        while True:
+            v = slots[i]
+            if v == h:
+                return
+            if v == 0:
+                break
+            i = (i + 1) & mask
+        if self.count >= self.max_keys:
+            self.saturated = True
+            return
+        slots[i] = h
+        self.count += 1
+        if self.count * 2 > mask:
+            self._grow()
+
+    def update(self, keys: Iterable[str]) -> None:
+        for k in keys:
+            self.add(k)
+
+    def _grow(self) -> None:
+        old = self._slots
+        size = len(old) * 2
+        slots = array("q", bytes(8 * size))
+        mask = size - 1
+        for h in old:
+            if h:
+                i = h & mask
+                while slots[i]:
+                    i = (i + 1) & mask
+                slots[i] = h
+        self._slots, self._mask = slots, mask
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._slots) * 8
+
+
+#: Keys the output index holds at most (each 8-16 bytes): 16 MiB at the bound
+#: (``settings.output_index_max_keys``).
+DEFAULT_INDEX_MAX_KEYS = 1_000_000
+
+
 class OutputIndex:
     """Keys of every destination-like token seen in untrusted output.
 
-    ``add`` extracts once; ``seen`` is a handful of set lookups, so the cost of
-    a check does not grow with history. Extraction is generous (emails, URLs,
-    hosts, phone numbers, #/@ names and every identifier-like token) because a
-    false hit costs a deny, while a miss only turns a deny into an ask.
+    ``add`` extracts once; ``seen`` is a handful of table lookups, so the cost
+    of a check does not grow with history. Extraction is generous (emails,
+    URLs, hosts, phone numbers, #/@ names and every identifier-like token)
+    because a false hit costs a deny, while a miss only turns a deny into an
+    ask. Keys are kept as digests in a bounded table (``DigestTable``).
     """
 
     __slots__ = ("_keys", "_seen_chunks", "_seen_texts")
@@ -512,13 +600,24 @@ class OutputIndex:
     _SHORT = 128
     _SHORT_CAP = 32_768
 
-    def __init__(self) -> None:
-        self._keys: set[str] = set()
+    def __init__(self, max_keys: int = DEFAULT_INDEX_MAX_KEYS) -> None:
+        self._keys: DigestTable | set[str] = DigestTable(max_keys)
         self._seen_chunks: set[str] = set()
         self._seen_texts: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    @property
+    def saturated(self) -> bool:
+        """The bound was reached and some key was not kept: absence proves nothing now."""
+        keys = self._keys
+        return isinstance(keys, DigestTable) and keys.saturated
+
+    @property
+    def nbytes(self) -> int:
+        keys = self._keys
+        return keys.nbytes if isinstance(keys, DigestTable) else 0
 
     def add(self, text: str) -> None:
         if not text or (text.isascii() and text.isalpha()):
@@ -619,5 +718,13 @@ class OutputIndex:
         keys = self._keys
         return any(k in keys for k in d.keys)
 
-    def export(self) -> set[str]:
-        return set(self._keys)
+
+def extract_keys(*texts: str) -> set[str]:
+    """Every key ``OutputIndex.add`` would index for ``texts``, in order, as strings
+    (for tests and tools: the index itself keeps only digests)."""
+    idx = OutputIndex()
+    keys: set[str] = set()
+    idx._keys = keys
+    for text in texts:
+        idx.add(text)
+    return keys

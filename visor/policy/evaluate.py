@@ -398,9 +398,23 @@ def check_provenance(c: _Ctx) -> Decision | None:
             )
     # ... then what a human must place
     tool = c.call.tool
+    full = session.output.saturated
     for arg, d in parsed:
-        if trust.covers(d) or (tool, arg, d.key) in session.approvals:
+        if (tool, arg, d.key) in session.approvals or d.key in trust.keys:
             continue
+        if trust.covers(d):
+            if not full:
+                continue
+            # The index dropped keys once it was full: "not seen" proves nothing,
+            # and a domain or prefix in the trust list never vouched for an
+            # address that output showed. A human places it.
+            return _ask(
+                "provenance.index_full",
+                f"destination {d.value} in argument {arg!r} is trusted by domain or prefix, but the "
+                "output index is full and cannot tell whether this session's output showed it",
+                destination=d.key,
+                argument=arg,
+            )
         rule = "provenance.unplaceable" if d.kind == "opaque" else "provenance.unknown_destination"
         what = (
             "cannot be read as an address"

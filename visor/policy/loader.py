@@ -239,6 +239,7 @@ _SETTINGS = frozenset(
         "identity",
         "packs",
         "sensitive_paths",
+        "output_index_max_keys",
     }
 )
 _SERVER = frozenset(
@@ -322,6 +323,7 @@ def _settings(r: _Reader, node: Node) -> Settings:
         ("session_timeout_seconds", "session_timeout_seconds"),
         ("approval_timeout_seconds", "approval_timeout_seconds"),
         ("chain_window_size", "chain_window_size"),
+        ("output_index_max_keys", "output_index_max_keys"),
     ):
         if key in m:
             value = r.int_(m[key], f"settings.{key}")

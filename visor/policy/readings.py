@@ -227,9 +227,14 @@ def _float_no_underscores(s: str) -> float:
     return float(s.replace("_", ""))
 
 
+def _float_without_leading_zeros(s: str) -> float:
+    # pydantic's integer parser drops leading zeros first: it reads "0-5" as -5
+    return float(s.lstrip("0").replace("_", "") or "0")
+
+
 def _number_readings(s: str) -> list[float]:
     out: list[float] = []
-    for parse in (float, _int_any_base, _float_no_underscores):
+    for parse in (float, _int_any_base, _float_no_underscores, _float_without_leading_zeros):
         try:
             out.append(parse(s))
         except (ValueError, OverflowError):

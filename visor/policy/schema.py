@@ -330,6 +330,9 @@ class Settings:
     identity: str | None = None
     packs: tuple[str, ...] | None = None  # None: all built-in packs, auto-selected
     sensitive_paths: tuple[Glob, ...] = ()  # added to the built-in list, never replacing it
+    # Destination keys the provenance index keeps (8-16 bytes each); past it,
+    # destinations trusted only by domain or prefix are asked (docs/limits.md).
+    output_index_max_keys: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
