@@ -553,6 +553,7 @@ _SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
     check_arg_patterns: lambda p: not any(t.arg_patterns for t in _tools(p)),
     check_session_budget: lambda p: p.settings.session_max_calls is None,
     check_session_timeout: lambda p: p.settings.session_timeout_seconds is None,
+    check_attestation: lambda p: not any(srv.attestation is not None for srv in p.servers),
     check_egress: lambda p: not p.egress_controls,
     check_chains: lambda p: not p.tool_chains,
     check_identity: lambda p: not p.identities,

@@ -176,8 +176,8 @@ def member_variant(params: dict[str, Any]) -> tuple[str, str] | None:
     that a case-insensitive decoder reads as a protocol member it is not."""
     folded = _FOLDED_MEMBERS
     for node in (params, params.get("_meta")):
-        if type(node) is not dict:
-            continue
+        if type(node) is not dict or node.keys() <= PARAMS_MEMBERS:
+            continue  # every member exactly a protocol name: the usual case, one C-level check
         for k in node:
             if k not in PARAMS_MEMBERS:
                 hit = folded.get(go_fold(k))
