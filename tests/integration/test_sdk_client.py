@@ -172,3 +172,54 @@ def test_real_npm_filesystem_server_through_visor_with_the_default_policy(tmp_pa
     assert direct["env_error"] is False and "not-for-the-agent" in direct["env_text"]
     assert proxied["env_error"] is True and "Visor denied" in proxied["env_text"]
     assert "not-for-the-agent" not in proxied["env_text"]
+
+
+def _fetch_server() -> list[str]:
+    exe = Path(sys.executable).with_name("mcp-server-fetch")
+    if not exe.exists():
+        pytest.fail("mcp-server-fetch is not installed; `make test` installs it with the test extra")
+    # loopback is the only network a test has: the server refuses it unless told
+    return [str(exe), "--ignore-robots-txt", "--allow-private-ips"]
+
+
+async def _fetch_scenario(params, url: str) -> dict:  # type: ignore[no-untyped-def]
+    from mcp import stdio_client
+
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        await s.list_tools()
+        page = await s.call_tool("fetch", {"url": url, "max_length": 2000})
+        return {"is_error": page.is_error, "text": "".join(c.text for c in page.content)}  # type: ignore[union-attr]
+
+
+def test_real_reference_server_fetch_reads_an_ordinary_url_through_visor(tmp_path: Path) -> None:
+    """mcp-server-fetch under the embedded default policy: an ordinary URL (a page served on
+    loopback, since tests have no network) is fetched through Visor exactly as without it."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html><body><h1>Release notes</h1><p>Version 2 is out.</p></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/notes?v=2"
+        server = _fetch_server()
+        direct = anyio.run(_fetch_scenario, direct_params(server), url)
+        proxied = anyio.run(
+            _fetch_scenario, visor_params(server, ["--audit-log", str(tmp_path / "a.jsonl")]), url
+        )
+    finally:
+        httpd.shutdown()
+    assert direct["is_error"] is False and "Version 2 is out" in direct["text"]
+    assert proxied == direct
