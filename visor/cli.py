@@ -26,6 +26,25 @@ def visor_home() -> Path:
     return Path(os.environ.get("VISOR_HOME") or Path.home() / ".visor")
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    help: str,
+    description: str,
+    example: str,
+    **kwargs: object,
+) -> argparse.ArgumentParser:
+    """A subcommand with a one-line help, a description and an example in its --help."""
+    return subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -34,11 +53,14 @@ def _positive_int(text: str) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    run = sub.add_parser(
+    run = add_command(
+        sub,
         "run",
-        help="run an MCP server behind Visor (stdio)",
+        "run an MCP server behind Visor (stdio)",
+        "Start COMMAND as an MCP server and relay its stdio through Visor's checks. Stdout is the "
+        "protocol wire: help, logs and one line per denied call or approval question go to stderr.",
+        "visor run --server-name time --pin-file ~/.visor/pins/time.json -- uvx mcp-server-time",
         usage="visor run [OPTIONS] -- COMMAND [ARGS...]",
-        description="Start COMMAND as an MCP server and relay its stdio through Visor's checks.",
     )
     run.__class__ = _StderrParser
     run.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
@@ -92,7 +114,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--approval-tty; without this flag the client is never asked when either is given. "
         "The client's code can accept on its own: its answers are recorded as client-reported",
     )
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--log-level",
+        default=None,
+        choices=["debug", "info", "warning", "error"],
+        help="default info: one line per deny and per approval question; -q is warning, -v is debug",
+    )
+    run.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="only warnings")
+    run.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug log lines too"
+    )
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
     run.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
@@ -101,6 +132,15 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from visor.run import run_command
+
+    if args.log_level is None:
+        args.log_level = (
+            "warning"
+            if getattr(args, "quiet", False)
+            else "debug"
+            if getattr(args, "verbose", False)
+            else "info"
+        )
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -133,17 +173,34 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="visor", description="A deterministic action boundary for MCP tool calls."
+        prog="visor",
+        description="A deterministic action boundary for MCP tool calls.",
+        epilog="start with: visor init --list   (then `visor COMMAND --help` for any command)",
     )
-    parser.add_argument("--version", action="version", version=f"visor {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"visor {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="less output (visor run: warnings only)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="more output (visor run: debug)")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     _add_run(sub)
-    version = sub.add_parser("version", help="print the version")
+    version = add_command(sub, "version", "print the version", "Print the version of Visor.", "visor version")
     version.set_defaults(func=_cmd_version)
-    demo = sub.add_parser("demo", help="run the built-in demonstration")
+    demo = add_command(
+        sub,
+        "demo",
+        "run the built-in demonstration",
+        "Start a real `visor run` in front of a helpdesk server in a temporary workspace, drive it "
+        "with a scripted hijacked agent, and show that the attacker got nothing.",
+        "visor demo --keep /tmp/visor-demo",
+    )
     demo.add_argument("--keep", metavar="DIR", help="keep the workspace, log and review pack in DIR")
     demo.set_defaults(func=_cmd_demo)
-    bench = sub.add_parser("bench", help="measure Visor against a direct connection and a byte relay")
+    bench = add_command(
+        sub,
+        "bench",
+        "measure Visor against a direct connection and a byte relay",
+        "Run the same workload directly, through a byte relay and through Visor, and print the table.",
+        "visor bench --quick",
+    )
     bench.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     bench.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
     bench.add_argument(
@@ -169,6 +226,7 @@ _COMMAND_MODULES = (
     "visor.audit.commands",
     "visor.approval.commands",
     "visor.install.commands",
+    "visor.watch",
 )
 
 
@@ -189,20 +247,52 @@ def _optional_registrations() -> list:  # type: ignore[type-arg]
     return registrations
 
 
+def _subcommand_names(parser: argparse.ArgumentParser) -> list[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return list(action.choices)
+    return []
+
+
+def _unknown_command(parser: argparse.ArgumentParser, args_list: list[str]) -> str | None:
+    """'did you mean' for the first word when it is not a command."""
+    first = next((a for a in args_list if a not in ("-q", "--quiet", "-v", "--verbose")), None)
+    if first is None or first.startswith("-"):
+        return None
+    names = _subcommand_names(parser)
+    if first in names:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(first, names, n=3, cutoff=0.6)
+    close += [n for n in names if n.startswith(first) and n not in close]
+    hint = f"; did you mean {' or '.join(repr(c) for c in close[:3])}?" if close else ""
+    return f"visor: unknown command {first!r}{hint} (see `visor --help`)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0] == "run":
+    if next((a for a in args_list if a not in ("-q", "--quiet", "-v", "--verbose")), None) == "run":
         # Protect the wire before anything can print: from here on, fd 1 is
         # stderr for everyone but the relay, which keeps a private copy.
         from visor.run import protect_stdio
 
         protect_stdio()
-    parser = build_parser()
-    args = parser.parse_args(args_list)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
-    return int(args.func(args))
+    try:
+        parser = build_parser()
+        unknown = _unknown_command(parser, args_list)
+        if unknown is not None:
+            print(unknown, file=sys.stderr)
+            return 2
+        args = parser.parse_args(args_list)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        # Ctrl-C: no traceback, the shell convention for SIGINT.
+        print("visor: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

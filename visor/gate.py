@@ -722,7 +722,13 @@ class PolicyGate(Gate):
         return event
 
     def _record(self, msg: Message, kind: str, decision: Decision) -> None:
-        self._append(self._event(msg, kind, decision))
+        event = self._event(msg, kind, decision)
+        self._append(event)
+        if kind in ("deny", "ask"):
+            # One line on stderr per deny and per question, with the command that answers it.
+            from visor.watch import announce
+
+            announce(self, event, log)
 
     def _session_event(self, ev: SessionEvent) -> None:
         kind = ev.kind

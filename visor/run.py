@@ -295,6 +295,10 @@ def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
             channels.append(DirectoryChannel(prepare(Path(approval_dir))))
         except DirectoryError as exc:
             raise StartupError(f"approval directory refused: {exc}") from exc
+        # `visor approve` (no --approval-dir) finds this directory; the entry goes at exit.
+        from visor.watch import register_approval_dir
+
+        register_approval_dir(Path(approval_dir), args.server_name)
     if getattr(args, "approval_tty", False):
         try:
             probe()

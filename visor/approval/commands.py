@@ -12,14 +12,6 @@ from visor import display
 from visor.approval import directory, model
 
 
-def _dir(args: argparse.Namespace) -> Path:
-    path = Path(args.approval_dir) if args.approval_dir else directory.default_dir()
-    # The same rule as `visor run`: an answer written into a directory others
-    # can write to proves nothing, so do not write one there.
-    directory.check(path)
-    return path
-
-
 def _printable(value: object) -> str:
     # Arguments come from the agent: no terminal control sequence reaches the screen.
     return display.escape_value(value)
@@ -106,40 +98,106 @@ def _list(path: Path, as_json: bool) -> int:
     return 0
 
 
+def _dirs(args: argparse.Namespace) -> list[Path]:
+    """The directory given, else the default one and every one a running `visor run` uses."""
+    from visor.watch import approval_dirs
+
+    return approval_dirs(args.approval_dir)
+
+
+def _resolve(args: argparse.Namespace, prefix: str) -> tuple[Path, str]:
+    """The directory and full id of the one pending request whose id starts with `prefix`."""
+    if not prefix or any(c not in "0123456789abcdef" for c in prefix.lower()):
+        raise directory.AnswerError(f"{prefix!r} is not an approval id (hex digits, or a unique prefix)")
+    prefix = prefix.lower()
+    dirs = _dirs(args)
+    matches: list[tuple[Path, str]] = []
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        matches += [(d, p.id) for p in _live(d, time.time()) if p.id.startswith(prefix)]
+    if len(matches) == 1:
+        path, full = matches[0]
+        directory.check(path)
+        return path, full
+    if not matches:
+        where = ", ".join(str(d) for d in dirs)
+        raise directory.AnswerError(
+            f"no pending request {prefix} in {where} (answered, withdrawn or expired); "
+            "`visor approve` lists the pending ones"
+        )
+    ids = ", ".join(i for _, i in matches)
+    raise directory.AnswerError(f"{prefix!r} matches {len(matches)} requests ({ids}); give more digits")
+
+
 def cmd_approve(args: argparse.Namespace) -> int:
     try:
-        path = _dir(args)
         if args.show:
             if not args.id:
                 raise directory.AnswerError("--show needs the ID of a pending request")
-            return _show(path, args.id, args.json)
+            path, full = _resolve(args, args.id)
+            return _show(path, full, args.json)
         if not args.id:
-            return _list(path, args.json)
-        rec = directory.answer(path, args.id, True, args.remember)
+            return _list_all(args)
+        path, full = _resolve(args, args.id)
+        rec = directory.answer(path, full, True, args.remember)
     except (directory.DirectoryError, directory.AnswerError) as exc:
         print(f"visor approve: {exc}", file=sys.stderr)
         return 1
     if args.remember and not rec.get("rememberable"):
         print("note: this request cannot be remembered; only this one call is approved", file=sys.stderr)
-    print(f"approved {args.id} ({_printable(rec.get('tool'))})")
+    print(f"approved {full} ({_printable(rec.get('tool'))})")
+    return 0
+
+
+def _list_all(args: argparse.Namespace) -> int:
+    dirs = [d for d in _dirs(args) if d.is_dir() or args.approval_dir]
+    if not dirs:
+        print(
+            f"no pending approval requests (no approval directory in use; default {directory.default_dir()})"
+        )
+        return 0
+    if args.json and len(dirs) > 1:
+        now = time.time()
+        live = []
+        for d in dirs:
+            directory.check(d)
+            live += [{**p.record, "answered": p.answered, "approval_dir": str(d)} for p in _live(d, now)]
+        print(json.dumps(live, ensure_ascii=True))
+        return 0
+    for d in dirs:
+        directory.check(d)
+        if len(dirs) > 1:
+            print(f"# {d}")
+        _list(d, args.json)
     return 0
 
 
 def cmd_deny(args: argparse.Namespace) -> int:
     try:
-        path = _dir(args)
-        directory.answer(path, args.id, False, False)
+        path, full = _resolve(args, args.id)
+        directory.answer(path, full, False, False)
     except (directory.DirectoryError, directory.AnswerError) as exc:
         print(f"visor deny: {exc}", file=sys.stderr)
         return 1
-    print(f"denied {args.id}")
+    print(f"denied {full}")
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    dir_help = "the directory given to `visor run --approval-dir` (default: $VISOR_HOME/approvals)"
-    approve = subparsers.add_parser(
-        "approve", help="list pending approval requests, or approve one by id", description=None
+    from visor.cli import add_command
+
+    dir_help = (
+        "the directory given to `visor run --approval-dir` (default: $VISOR_HOME/approvals and "
+        "every directory a running `visor run` uses)"
+    )
+    approve = add_command(
+        subparsers,
+        "approve",
+        "list pending approval requests, or approve one by id",
+        "Without ID, list the calls waiting for a human in every approval directory in use. "
+        "With ID (or a unique prefix of it), approve that call.",
+        "visor approve\n  visor approve 3f9a",
     )
     approve.add_argument("--approval-dir", metavar="DIR", help=dir_help)
     approve.add_argument(
@@ -156,11 +214,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--json", action="store_true", help="list pending requests (or --show one) as JSON, ASCII-escaped"
     )
     approve.add_argument(
-        "id", nargs="?", metavar="ID", help="the request to approve (or --show); none lists them"
+        "id",
+        nargs="?",
+        metavar="ID",
+        help="the request (or a unique prefix of its id) to approve; none lists them",
     )
     approve.set_defaults(func=cmd_approve)
 
-    deny = subparsers.add_parser("deny", help="deny one pending approval request")
+    deny = add_command(
+        subparsers,
+        "deny",
+        "deny one pending approval request",
+        "Deny the waiting call with this ID (or a unique prefix of it); Visor answers the client with an error.",
+        "visor deny 3f9a",
+    )
     deny.add_argument("--approval-dir", metavar="DIR", help=dir_help)
     deny.add_argument("id", metavar="ID")
     deny.set_defaults(func=cmd_deny)

@@ -11,18 +11,32 @@ import os
 import sys
 from pathlib import Path
 
-from visor.audit.paths import chain_files, default_audit_path
+from visor.audit.paths import audit_dir, chain_files
 
 
-def _audit_path(value: str | None) -> Path:
-    return Path(value) if value else default_audit_path()
+def _targets(args: argparse.Namespace, legacy: str) -> list[Path]:
+    """The chains to read: FILE... (and the old flag), else every log under $VISOR_HOME/audit/."""
+    from visor.audit.paths import default_audit_chains
+
+    given = [*(getattr(args, "files", None) or []), *(getattr(args, legacy, None) or [])]
+    return [Path(os.path.expanduser(f)) for f in given] if given else default_audit_chains()
+
+
+def _no_logs(command: str) -> None:
+    print(
+        f"{command}: no audit logs in {audit_dir()} yet: `visor run` writes one per server "
+        "(<server-name>.jsonl) when a client starts it; or name files: {command} FILE...",
+        file=sys.stderr,
+    )
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from visor.audit.paths import default_audit_chains
     from visor.audit.verify import verify_path
 
-    targets = [Path(f) for f in args.files] or default_audit_chains() or [default_audit_path()]
+    targets = _targets(args, "legacy_files")
+    if not targets:
+        _no_logs("visor audit verify")
+        return 0
     status = 0
     for target in targets:
         files = chain_files(target)
@@ -39,32 +53,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return status
 
 
+def _ts(rec: dict) -> str:  # type: ignore[type-arg]
+    return str(rec.get("ts", ""))
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from visor.audit.reader import load, window
     from visor.audit.show import Filter, render
 
-    files = chain_files(_audit_path(args.file))
+    targets = _targets(args, "legacy_files")
+    if not targets:
+        _no_logs("visor audit show")
+        return 0
     try:
         win = window(args.since, args.until)
     except ValueError as exc:
         print(f"visor audit show: bad --since/--until: {exc}", file=sys.stderr)
         return 2
-    loaded = load(files, win)
-    if loaded.missing and len(loaded.missing) == len(files):
-        print(f"visor audit show: {loaded.missing[0]}: no such file", file=sys.stderr)
-        return 2
+    records: list[dict] = []  # type: ignore[type-arg]
+    malformed = 0
+    for target in targets:
+        files = chain_files(target)
+        loaded = load(files, win)
+        if loaded.missing and len(loaded.missing) == len(files):
+            print(f"visor audit show: {loaded.missing[0]}: no such file", file=sys.stderr)
+            return 2
+        records.extend(loaded.records)
+        malformed += loaded.malformed
+    if len(targets) > 1:
+        records.sort(key=_ts)  # one timeline across servers (stable within a log)
     events = frozenset(v for item in args.verdict for v in item.split(",") if v) if args.verdict else None
     keep = Filter(session=args.session, events=events, tool=args.tool, all_events=args.all)
     try:
-        shown = render((r for r in loaded.records if keep.keep(r)), sys.stdout, as_json=args.json)
+        shown = render((r for r in records if keep.keep(r)), sys.stdout, as_json=args.json)
         sys.stdout.flush()
     except BrokenPipeError:  # `visor audit show | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if not args.json:
-        note = f"{shown} record(s)"
-        if loaded.malformed:
-            note += f"; {loaded.malformed} malformed line(s) skipped (run `visor audit verify`)"
+        note = f"{shown} record(s) from {len(targets)} log(s)"
+        if malformed:
+            note += f"; {malformed} malformed line(s) skipped (run `visor audit verify`)"
         print(note, file=sys.stderr)
     return 0
 
@@ -91,51 +120,108 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"visor report: bad --since/--until: {exc}", file=sys.stderr)
         return 2
-    files = chain_files(_audit_path(args.audit))
-    text = build_report(files, policy_path=Path(args.policy) if args.policy else None, win=win)
+    targets = _targets(args, "legacy_files")
+    if not targets:
+        _no_logs("visor report")
+    chains = [chain_files(t) for t in targets]
+    text = build_report(
+        [],
+        chains=chains,
+        policy_path=Path(args.policy) if args.policy else None,
+        win=win,
+        policy_from_log=True,
+    )
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text, encoding="utf-8")
+        from visor.userfiles import ensure_parent
+
+        try:
+            ensure_parent(args.output)
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            print(f"visor report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"wrote {args.output}")
     return 0
 
 
+_FILES_HELP = "audit logs (default: every log under $VISOR_HOME/audit/, one per server)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    audit = subparsers.add_parser("audit", help="verify, show or repair the audit log")
+    from visor.cli import add_command
+
+    audit = add_command(
+        subparsers,
+        "audit",
+        "verify, show or repair the audit logs",
+        "Read the hash-chained audit logs `visor run` writes under $VISOR_HOME/audit/ (one per server).",
+        "visor audit verify\n  visor audit show --verdict deny --since 1h\n  visor audit show ~/.visor/audit/time.jsonl",
+    )
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION", required=True)
 
-    verify = actions.add_parser("verify", help="check every line, link and sequence number")
-    verify.add_argument(
-        "files", nargs="*", metavar="FILE", help="log files (default: $VISOR_HOME/audit.jsonl)"
+    verify = add_command(
+        actions,
+        "verify",
+        "check every line, link and sequence number",
+        "Check every line, link and sequence number of each log (rotated files included); "
+        "exit 1 names the first bad line.",
+        "visor audit verify\n  visor audit verify ~/.visor/audit/time.jsonl --head HASH",
     )
+    verify.add_argument("files", nargs="*", metavar="FILE", help=_FILES_HELP)
+    verify.add_argument("--file", dest="legacy_files", action="append", help=argparse.SUPPRESS)
     verify.add_argument(
         "--head", metavar="HASH", help="a hash recorded earlier that must still be in the chain"
     )
     verify.set_defaults(func=cmd_verify)
 
-    show = actions.add_parser("show", help="a table of verdicts")
-    show.add_argument("--file", metavar="FILE", help="log file (default: $VISOR_HOME/audit.jsonl)")
+    show = add_command(
+        actions,
+        "show",
+        "a table of verdicts",
+        "Print the verdicts of every log as one table, oldest first; every value is escaped.",
+        "visor audit show --verdict deny\n  visor audit show --since 1h --tool send_email",
+    )
+    show.add_argument("files", nargs="*", metavar="FILE", help=_FILES_HELP)
+    show.add_argument("--file", dest="legacy_files", action="append", help=argparse.SUPPRESS)
     show.add_argument("--session", metavar="S", help="session id or its prefix")
     show.add_argument(
         "--verdict", metavar="V", action="append", help="event(s) to show, e.g. deny or allow,ask"
     )
     show.add_argument("--tool", metavar="T")
-    show.add_argument("--since", metavar="WHEN", help="YYYY-MM-DD or ISO date-time (UTC if no offset)")
+    show.add_argument(
+        "--since", metavar="WHEN", help="1h, 30m, 2d, YYYY-MM-DD or ISO date-time (UTC if no offset)"
+    )
     show.add_argument("--until", metavar="WHEN", help="YYYY-MM-DD (inclusive) or ISO date-time")
     show.add_argument("--all", action="store_true", help="every event, not only verdicts")
     show.add_argument("--json", action="store_true", help="full records as JSON lines (includes arguments)")
     show.set_defaults(func=cmd_show)
 
-    repair = actions.add_parser("repair", help="move a torn tail aside and continue the chain")
+    repair = add_command(
+        actions,
+        "repair",
+        "move a torn tail aside and continue the chain",
+        "After a crash, move a torn last line aside (kept next to the log) and continue the chain.",
+        "visor audit repair ~/.visor/audit/time.jsonl",
+    )
     repair.add_argument("file", metavar="FILE")
     repair.add_argument("--force", action="store_true", help="also move lines that look edited, not torn")
     repair.set_defaults(func=cmd_repair)
 
-    report = subparsers.add_parser("report", help="write a Markdown review pack")
-    report.add_argument("--audit", metavar="FILE", help="log file (default: $VISOR_HOME/audit.jsonl)")
-    report.add_argument("--policy", metavar="FILE")
-    report.add_argument("--since", metavar="WHEN")
+    report = add_command(
+        subparsers,
+        "report",
+        "write a Markdown review pack",
+        "Write one Markdown review pack for a security reviewer across every log: evidence, the "
+        "controls the policy applies to each tool, findings, verdicts. Without --policy it describes "
+        "the policy the sessions ran under (the embedded default included), when the log names one.",
+        "visor report -o review.md\n  visor report ~/.visor/audit/time.jsonl --policy ~/.visor/time.yaml",
+    )
+    report.add_argument("files", nargs="*", metavar="FILE", help=_FILES_HELP)
+    report.add_argument("--audit", dest="legacy_files", action="append", help=argparse.SUPPRESS)
+    report.add_argument("--policy", metavar="FILE", help="the policy to describe (default: from the log)")
+    report.add_argument("--since", metavar="WHEN", help="1h, 30m, 2d, YYYY-MM-DD or ISO date-time")
     report.add_argument("--until", metavar="WHEN")
     report.add_argument("-o", "--output", metavar="FILE.md", help="output file (default: stdout)")
     report.set_defaults(func=cmd_report)

@@ -72,6 +72,16 @@ class PolicyView:
     servers: tuple[tuple[str, bool, str], ...]  # name, allowed, packs
     global_controls: tuple[str, ...]
     settings: dict[str, Any] = field(default_factory=dict)
+    # Controls every tool has under this policy, listed or matched by "*".
+    always: tuple[str, ...] = ()
+
+    def wildcard(self, server: str) -> ToolView | None:
+        """The "*" tool entry a tool of `server` falls under: its own server's, else the "*" server's."""
+        names = {s for s, _, _ in self.servers}
+        srv = server if server in names else "*" if "*" in names else None
+        if srv is None:
+            return None
+        return next((t for t in self.tools if t.server == srv and t.name == "*"), None)
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -201,6 +211,10 @@ def analyse_policy(policy: Any) -> PolicyView:
     redaction = _get(policy, "redaction")
     n_red = len(_get(redaction, "patterns", ()) or ()) + len(_get(redaction, "output_patterns", ()) or ())
     glob.append(f"redaction patterns: {n_red}")
+    always = ["pinned: refused if not in the first tools/list or changed since"]
+    n_sensitive = len(_get(redaction, "sensitive_files", ()) or ())
+    if n_sensitive:
+        always.append(f"sensitive files denied in path-like arguments ({n_sensitive} patterns)")
     return PolicyView(
         source=str(_get(policy, "source", "")),
         sha256=str(_get(policy, "sha256", "")),
@@ -208,16 +222,27 @@ def analyse_policy(policy: Any) -> PolicyView:
         tools=tuple(tools),
         servers=tuple(servers),
         global_controls=tuple(glob),
+        always=tuple(always),
     )
 
 
-def _load_policy(path: Path) -> tuple[PolicyView | None, str | None]:
+# What a tool matched only by a "*" entry gets besides the entry's own controls.
+_WILDCARD_SENDS = "destination provenance on destination-shaped arguments (to, cc, url, channel, ...)"
+
+
+DEFAULT_POLICY = "<default>"
+
+
+def _load_policy(path: Path | str) -> tuple[PolicyView | None, str | None]:
     try:
-        from visor.policy.loader import load_policy  # lazy: the loader is optional for the report
+        # lazy: the loader is optional for the report
+        import importlib
+
+        loader = importlib.import_module("visor.policy.loader")
     except ImportError as exc:
         return None, f"the policy loader is not available ({exc})"
     try:
-        policy = load_policy(path)
+        policy = loader.load_default_policy() if path == DEFAULT_POLICY else loader.load_policy(path)
     except Exception as exc:  # any loader error is reported, not raised: the pack is still useful
         return None, f"{type(exc).__name__}: {printable(str(exc), 300)}"
     try:
@@ -262,7 +287,16 @@ def findings(
             out.append(
                 Finding("high", f"{where} writes but is not confined to a path prefix or allow_path rule.")
             )
-        if not t.constrained:
+        if not t.constrained and t.name == "*":
+            out.append(
+                Finding(
+                    "medium",
+                    f"{where}: every tool the server lists is allowed; beyond pinning and the policy-wide "
+                    "checks (sensitive files, destination provenance) nothing constrains them. "
+                    "`visor policy scaffold` writes an explicit policy to start from.",
+                )
+            )
+        elif not t.constrained:
             out.append(
                 Finding("medium", f"{where} is allowed and nothing constrains it beyond being listed.")
             )
@@ -348,18 +382,77 @@ _NOT_COVERED = (
 )
 
 
+def policies_in_log(recs: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """sha256 -> source ("<default>" or a path) of every policy the sessions in `recs` loaded."""
+    found: dict[str, str] = {}
+    for r in recs:
+        if r.get("event") == "policy_load" and isinstance(r.get("policy"), str):
+            found[r["policy"]] = str(r.get("source", ""))
+    return found
+
+
+def _policy_from_log(recs: tuple[dict[str, Any], ...]) -> tuple[Path | str | None, str | None]:
+    """The one policy the logged sessions ran under, when it can be read back exactly.
+
+    Returns (source for _load_policy, None) or (None, why not)."""
+    used = policies_in_log(recs)
+    if not used:
+        return None, "the log records no policy"
+    if len(used) > 1:
+        names = ", ".join(sorted(md(Path(src).name or src) for src in used.values()))
+        return (
+            None,
+            f"the sessions ran under {len(used)} different policies ({names}); name one with `--policy`",
+        )
+    sha, source = next(iter(used.items()))
+    if source == DEFAULT_POLICY:
+        return DEFAULT_POLICY, None
+    path = Path(source)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None, f"the policy the sessions ran under ({md(path.name)}) cannot be read here"
+    if hashlib.sha256(data).hexdigest() != sha:
+        return (
+            None,
+            f"the policy file {md(path.name)} changed since the sessions ran; name one with `--policy`",
+        )
+    return path, None
+
+
 def build_report(
     audit_files: list[Path],
     *,
     policy_path: Path | None = None,
     win: Window = Window(),  # noqa: B008 - Window is frozen
     now: datetime | None = None,
+    chains: list[list[Path]] | None = None,
+    policy_from_log: bool = False,
 ) -> str:
-    loaded = load(audit_files, win)
-    present = [p for p in audit_files if p.exists()]
-    chain = verify_files(present)
-    view, policy_error = _load_policy(policy_path) if policy_path else (None, None)
+    """The pack for one chain (`audit_files`) or several (`chains`, one per server log).
+
+    With `policy_from_log` and no `policy_path`, the policy is the one the
+    logged sessions ran under (the embedded default included), when there is
+    exactly one and it is unchanged.
+    """
+    if chains is None:
+        chains = [audit_files]
+    audit_files = [f for files in chains for f in files]
+    parts = [load(files, win) for files in chains]
+    loaded = Loaded(
+        tuple(audit_files),
+        tuple(r for part in parts for r in part.records),
+        sum(part.malformed for part in parts),
+        tuple(m for part in parts for m in part.missing),
+    )
+    reports = [verify_files([p for p in files if p.exists()]) for files in chains]
+    chain = next((c for c in reports if not c.ok), reports[0] if reports else verify_files([]))
     recs = loaded.records
+    policy_note = None
+    source: Path | str | None = policy_path
+    if source is None and policy_from_log:
+        source, policy_note = _policy_from_log(recs)
+    view, policy_error = _load_policy(source) if source is not None else (None, None)
     seen = {(str(r.get("server")), str(r.get("tool"))) for r in recs if r.get("tool") is not None}
 
     lines: list[str] = ["# Visor review pack", ""]
@@ -378,31 +471,48 @@ def build_report(
     lines.append(f"- Records in the window: {len(recs)}; malformed lines skipped: {loaded.malformed}")
     sessions = {r.get("session") for r in recs}
     lines.append(f"- Sessions: {len(sessions)}")
+    servers_seen = sorted({str(r.get("server")) for r in recs if r.get("event") == "session_start"})
+    if servers_seen:
+        lines.append(f"- Servers: {', '.join(md(s) for s in servers_seen)}")
     if recs:
         stamps = sorted(str(r.get("ts", "")) for r in recs)
         lines.append(f"- First and last record: {md(stamps[0])} to {md(stamps[-1])}")
-    verdict = "verifies" if chain.ok else "DOES NOT VERIFY"
+    verdict = "verifies" if all(c.ok for c in reports) else "DOES NOT VERIFY"
     lines.append(f"- Chain integrity (whole log, not only the window): {verdict}")
-    lines.append(f"  - {md_long(chain.summary())}")
+    for c in reports:
+        lines.append(f"  - {md_long(c.summary())}")
     lines.append("")
 
     lines += ["## 2. Controls per server and tool", ""]
-    if policy_path is None:
-        lines.append("No policy was given (`--policy`), so controls cannot be listed. Tools seen in the log:")
+    if source is None:
+        why = policy_note or "No policy was given (`--policy`)"
+        lines.append(f"{why}, so controls cannot be listed. Tools seen in the log:")
         lines.append("")
         lines += _table(["Server", "Tool"], sorted((md(s), md(t)) for s, t in seen))
     elif view is None:
+        shown_name = (
+            "the embedded default policy" if source == DEFAULT_POLICY else f"`{md(Path(source).name)}`"
+        )
         digest = (
-            hashlib.sha256(policy_path.read_bytes()).hexdigest() if policy_path.is_file() else "unreadable"
+            hashlib.sha256(Path(source).read_bytes()).hexdigest()
+            if source != DEFAULT_POLICY and Path(source).is_file()
+            else "unreadable"
         )
-        lines.append(
-            f"The policy `{md(policy_path.name)}` (sha256 {digest}) could not be analysed: {md(policy_error)}."
-        )
+        lines.append(f"The policy {shown_name} (sha256 {digest}) could not be analysed: {md(policy_error)}.")
         lines.append("Findings below are limited to the log.")
     else:
-        lines.append(f"Policy `{md(Path(view.source).name or policy_path.name)}`, sha256 `{view.sha256}`.")
+        if source == DEFAULT_POLICY:
+            lines.append(
+                f"The embedded default policy (what `visor run` enforces without `--policy`), "
+                f"sha256 `{view.sha256}`, read from the log."
+            )
+        else:
+            lines.append(
+                f"Policy `{md(Path(view.source).name or Path(source).name)}`, sha256 `{view.sha256}`."
+            )
         lines.append("")
         lines += [f"- {md(c)}" for c in view.global_controls]
+        lines += [f"- every tool: {md(c)}" for c in view.always]
         lines.append("")
         lines += _table(
             ["Server", "Allowed", "Packs"], ((md(n), "yes" if a else "no", md(p)) for n, a, p in view.servers)
@@ -420,14 +530,34 @@ def build_report(
         ]
         known = {(t.server, t.name) for t in view.tools}
         for server, tool in sorted(seen - known):
+            star = view.wildcard(server)
+            if star is None:
+                rows.append(
+                    (md(server), md(tool), f"by default action ({view.default_action})", "fallback", "none")
+                )
+                continue
+            controls = [*star.controls, *view.always]
+            if not star.sends:
+                controls.append(_WILDCARD_SENDS)
             rows.append(
-                (md(server), md(tool), f"by default action ({view.default_action})", "fallback", "none")
+                (
+                    md(server),
+                    md(tool),
+                    "yes" if star.allowed else "no",
+                    md(f"{star.server} / * entry"),
+                    "; ".join(md(c) for c in controls),
+                )
             )
         lines += _table(["Server", "Tool", "Allowed", "Source", "Controls"], rows)
     lines.append("")
 
     lines += ["## 3. Findings", ""]
     found = findings(view, chain, loaded, seen)
+    found += [
+        Finding("high", f"The audit chain does not verify: {md_long(str(c.problem))}.")
+        for c in reports
+        if not c.ok and c is not chain
+    ]
     order = {"high": 0, "medium": 1, "low": 2, "info": 3}
     lines += [f"- **{f.severity}**: {f.text}" for f in sorted(found, key=lambda f: order[f.severity])] or [
         "- None."

@@ -270,6 +270,9 @@ def _is_python(cmd: str) -> bool:
 def _write_new(path: Path, text: str, force: bool) -> None:
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists; choose another -o or pass --force")
+    from visor.userfiles import ensure_parent
+
+    ensure_parent(path)
     folder = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
     try:
