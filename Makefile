@@ -34,7 +34,11 @@ test: $(STAMP) $(NODE_SERVER) go-toolchain
 	$(BIN)/ruff check visor tests
 	$(BIN)/python -m pytest -q
 
-demo: $(STAMP)
+# The demo needs Visor and its runtime dependencies only, not the test extras.
+demo:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	test $(VENV)/.installed-demo -nt pyproject.toml || \
+		{ $(BIN)/python -m pip install -q -e . && touch $(VENV)/.installed-demo; }
 	$(BIN)/visor demo
 
 bench: $(STAMP)
