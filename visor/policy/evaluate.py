@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 import orjson
 
-from visor.policy import attestation, chains, paths, readings, rules
+from visor.policy import attestation, chains, paths, readings, rules, shell
 from visor.policy import destinations as dst
 from visor.policy.schema import Policy, ToolPolicy
 
@@ -239,6 +239,45 @@ def check_sensitive_paths(c: _Ctx) -> Decision | None:
     return None
 
 
+def check_command_paths(c: _Ctx) -> Decision | None:
+    """Sensitive files named inside a shell command: its arguments (`cat .env`,
+    `grep -r key ~/.ssh`, `--key-file=id_rsa`) and its redirections
+    (`< ~/.aws/credentials`), read as bash reads the command."""
+    texts = rules.named_strings(c.call.arguments, rules.COMMAND_ARGS)
+    if not texts:
+        return None
+    extra = c.policy.settings.sensitive_paths
+    for cmd in texts:
+        reading = shell.read_command_cached(cmd) if len(cmd) <= 1024 else shell.read_command(cmd)
+        for word in _command_path_words(reading):
+            try:
+                found = paths.forms(word)
+            except paths.PathError:
+                continue  # not a path any program could open
+            for form in found:
+                if paths.is_sensitive(form, extra):
+                    return _deny(
+                        "path.sensitive",
+                        f"the command names a sensitive file ({form})",
+                        argument="command",
+                    )
+    return None
+
+
+def _command_path_words(reading: shell.Reading) -> Iterator[str]:
+    # Words that still hold an expansion are read as written: `~/.ssh`, and
+    # `$HOME/.ssh` ends in `.ssh` whatever HOME is. A glob (`.e*`) is not
+    # expanded here (docs/limits.md).
+    yield from reading.targets
+    for command in reading.commands:
+        for i, word in enumerate(command.words):
+            if i == 0 or not word:
+                continue
+            yield word
+            if word.startswith("-") and "=" in word:
+                yield word.split("=", 1)[1]  # --key-file=PATH
+
+
 def check_path_rules(c: _Ctx) -> Decision | None:
     entry = c.entry
     if entry is None or not entry.rules:
@@ -362,16 +401,48 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
     return out
 
 
+#: The ask that stands for a destination seen in untrusted output under
+#: ``untrusted_output: ask``; with no approval channel the gate turns it back
+#: into the ``provenance.untrusted_output`` deny (visor/gate.py, _no_approval).
+UNTRUSTED_OUTPUT_ASK = "provenance.untrusted_output_ask"
+
+
+def _seen_where(c: _Ctx, d: dst.Dest, attributed: bool = False) -> str:
+    where = c.session.where_seen(d, attributed)
+    if where is None:
+        return "in this session's tool output (the tool and field were not recorded)"
+    tool, field = where
+    return f"in the output of tool {tool!r}, field {field}"
+
+
+def _untrusted_mode(c: _Ctx) -> str:
+    entry = c.entry
+    if entry is not None and entry.untrusted_output is not None:
+        return entry.untrusted_output
+    return c.policy.settings.untrusted_output
+
+
 def check_provenance(c: _Ctx) -> Decision | None:
     pairs = _destination_args(c)
     if not pairs:
         return None
     session, trust = c.session, c.eff.trust
+    tool = c.call.tool
     srv = session.server_entry
     denied = srv.denied_destinations if srv is not None else ()
     parsed = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
+    # Placed without a human: an exact trusted destination, one a human
+    # approved for this tool and argument earlier in the session (or in an
+    # earlier one, with "remember"), or one the service itself asserted in a
+    # trusted field of its output (a calendar participant, a file's
+    # shared_with): a known correspondent, even if free text repeats it.
+    placed = [
+        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(d)
+        for arg, d in parsed
+    ]
+    ask_seen: Decision | None = None
     # every deny first ...
-    for arg, d in parsed:
+    for (arg, d), ok in zip(parsed, placed, strict=True):
         if denied and d.domain and any(dst.domain_within(d.domain, p) for p in denied):
             return _deny(
                 "provenance.denied_destination",
@@ -379,29 +450,44 @@ def check_provenance(c: _Ctx) -> Decision | None:
                 destination=d.key,
                 argument=arg,
             )
-        # Output is untrusted: a destination it showed is refused, unless the
-        # operator listed that exact destination (a domain or prefix in the
-        # trust list does not vouch for every address under it).
-        # A destination a human approved for this tool and argument earlier
-        # in the session counts like an exact trusted one: a mail tool that
-        # echoes "sent to X" must not turn that yes into a deny.
-        if (
-            session.output.seen(d)
-            and d.key not in trust.keys
-            and (c.call.tool, arg, d.key) not in session.approvals
-        ):
+        # Output is untrusted: a destination its free text showed is refused,
+        # unless placed above (a domain or prefix in the trust list does not
+        # vouch for every address under it).
+        if not ok and session.output.seen(d):
+            if _untrusted_mode(c) == "ask":
+                if ask_seen is None:
+                    ask_seen = _ask(
+                        UNTRUSTED_OUTPUT_ASK,
+                        f"destination {d.value} in argument {arg!r} appeared {_seen_where(c, d)}: "
+                        "text a third party may have written, the way an injected instruction names "
+                        "where to send data; send only if you know this recipient",
+                        destination=d.key,
+                        argument=arg,
+                    )
+                continue
             return _deny(
                 "provenance.untrusted_output",
                 f"destination {d.value} in argument {arg!r} appeared in this session's tool output",
                 destination=d.key,
                 argument=arg,
             )
+    if ask_seen is not None:
+        return ask_seen
     # ... then what a human must place
-    tool = c.call.tool
     full = session.output.saturated
-    for arg, d in parsed:
-        if (tool, arg, d.key) in session.approvals or d.key in trust.keys:
+    for (arg, d), ok in zip(parsed, placed, strict=True):
+        if ok:
             continue
+        if session.attributed.seen(d):
+            # Seen only in a field a third party writes (a received mail's
+            # sender): a real sender, but whoever mails the user writes it.
+            return _ask(
+                "provenance.third_party_output",
+                f"destination {d.value} in argument {arg!r} appeared {_seen_where(c, d, True)}, "
+                "which whoever wrote the record (a mail's sender) sets, not the service",
+                destination=d.key,
+                argument=arg,
+            )
         if trust.covers(d):
             if not full:
                 continue
@@ -527,6 +613,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("rules.paths", check_path_rules),
     ("rules.path_prefixes", check_path_prefixes),
     ("rules.arguments", check_argument_rules),
+    # after the policy's own command rules, so that their verdict is the one reported
+    ("path.sensitive_in_commands", check_command_paths),
     ("rules.arg_patterns", check_arg_patterns),
     ("provenance", check_provenance),
     ("egress_controls", check_egress),

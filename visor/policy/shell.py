@@ -58,6 +58,8 @@ class Reading:
 
     commands: tuple[SimpleCommand, ...]
     unreadable: str | None = None
+    # the files redirections open (`> out.txt`, `< ~/.ssh/id_rsa`), quoting removed
+    targets: tuple[str, ...] = ()
 
     @property
     def certain(self) -> bool:
@@ -167,11 +169,12 @@ _SHELL_C = re.compile(r"-[A-Za-z]*c")
 
 
 class _Reader:
-    __slots__ = ("out", "s")
+    __slots__ = ("out", "s", "targets")
 
     def __init__(self, s: str) -> None:
         self.s = s
         self.out: list[SimpleCommand] = []
+        self.targets: list[str] = []
 
     # ------------------------------------------------------------ lists
 
@@ -346,6 +349,8 @@ class _Reader:
             # bash lexes digits right before < or > as that redirection's fd
             # number (`<2>&1` is `<` then `2>&1`), so this one has no target
             raise _Unreadable(f"redirection {op!r} without a target")
+        if op != "<<<" and not (op in ("<&", ">&") and (value.isdigit() or value == "-")):
+            self.targets.append(value)  # a file it opens (`>&1` duplicates a descriptor)
         return e, [s[i:k].strip(), value if _BARE.fullmatch(value) else raw]
 
     # ------------------------------------------------------------ words
@@ -480,6 +485,7 @@ class _Reader:
         inner = _Reader(body)
         inner.list_(0, None, "subst")
         self.out.extend(inner.out)
+        self.targets.extend(inner.targets)
         return j + 1
 
 
@@ -533,10 +539,10 @@ def read_command(cmd: str) -> Reading:
     try:
         r.list_(0, None, "top")
     except _Unreadable as e:
-        return Reading(tuple(r.out), str(e))
+        return Reading(tuple(r.out), str(e), tuple(r.targets))
     except RecursionError:
         return Reading((), "nested too deeply")
-    return Reading(tuple(r.out))
+    return Reading(tuple(r.out), None, tuple(r.targets))
 
 
 read_command_cached = lru_cache(maxsize=1024)(read_command)
