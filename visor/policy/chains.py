@@ -12,29 +12,16 @@ from zoneinfo import ZoneInfo
 
 from visor.policy import paths
 from visor.policy.schema import (
-    Action,
     EgressControl,
     Identity,
     Taint,
     TimeRestriction,
-    ToolChain,
 )
 
 
 def name_matches(patterns: Sequence[str], name: str) -> bool:
     """Exact names, or shell-style wildcards (``aws_iam_*``)."""
     return any(p == name or p == "*" or (("*" in p or "?" in p) and fnmatchcase(name, p)) for p in patterns)
-
-
-def chain_hit(
-    chain: ToolChain, history: Sequence[tuple[str, str]], default_window: int, server: str, tool: str
-) -> bool:
-    """True when the current call is a sink and a source ran within the chain's own window."""
-    if not any(s.matches(server, tool) for s in chain.sinks):
-        return False
-    window = chain.within_calls or default_window
-    recent = history[-window:] if window < len(history) else history
-    return any(src.matches(srv, t) for srv, t in recent for src in chain.sources)
 
 
 def taints_set_by(
@@ -150,7 +137,3 @@ def time_verdict(
             if not inside:
                 return tr, f"time restriction {tr.name!r}: outside the allowed hours"
     return None
-
-
-def action_of(action: str) -> Action:
-    return "ask" if action in ("require_approval", "ask") else "deny" if action == "deny" else "allow"

@@ -20,7 +20,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from visor.policy import destinations as dst
 from visor.policy import paths
 from visor.policy.schema import (
     ATTESTATION_KINDS,
@@ -798,7 +797,7 @@ def _time_restriction(r: _Reader, node: Node, key: str) -> TimeRestriction:
 def _redaction_patterns(
     r: _Reader, node: Node, key: str, prefix: str, disabled: frozenset[str]
 ) -> tuple[RedactionPattern, ...]:
-    from visor.redact import BUILTIN_NAMES
+    from visor.redact import BUILTIN_NAMES, DEFAULT_REPLACEMENT
 
     out: list[RedactionPattern] = []
     seen: set[str] = set()
@@ -823,7 +822,7 @@ def _redaction_patterns(
                 regex=r.regex(m["regex"], f"{pk}.regex"),
                 replacement=r.str_(m["replacement"], f"{pk}.replacement", nonempty=False)
                 if "replacement" in m
-                else "[REDACTED]",
+                else DEFAULT_REPLACEMENT,
             )
         )
     return tuple(out)
@@ -1139,7 +1138,3 @@ def load_default_policy() -> Policy:
     """The embedded default policy (visor/policy/default.yaml)."""
     data = (resources.files("visor.policy") / "default.yaml").read_bytes()
     return _build(data.decode("utf-8"), "<default>", hashlib.sha256(data).hexdigest())
-
-
-def trust_list(entries: tuple[str, ...]) -> dst.TrustList:
-    return dst.build_trust(entries)
