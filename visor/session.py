@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from visor.policy import chains, readings
+from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
 from visor.policy.loader import build_plan, build_screens
 from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from visor.policy.evaluate import Decision, ToolCall
 
 PIN_FORMAT = 2
+#: Format of the remembered-destinations file (``export_approvals``).
+APPROVALS_FORMAT = 1
+#: Destinations remembered across restarts, at most (the file stays small).
+APPROVALS_MAX = 4096
+
+# Classes of a place in output (observe_output): free text, a field the
+# service asserts, a field a third party writes.
+_FREE, _ASSERTED, _SENDER = 0, 1, 2
+# A value in an asserted field longer than this is not read as destinations
+# (a field that holds prose is not a list of correspondents): free text.
+_ASSERTED_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +104,9 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
         prefix_alts=union(base.prefix_alts, over.prefix_alts),
         arg_patterns=base.arg_patterns + over.arg_patterns,
         max_calls=over.max_calls if over.max_calls is not None else base.max_calls,
+        trusted_output_fields=union(base.trusted_output_fields, over.trusted_output_fields),
+        sender_fields=union(base.sender_fields, over.sender_fields),
+        untrusted_output=over.untrusted_output or base.untrusted_output,
         screens=over.screens if not base.rules else build_screens(base.rules + over.rules),
         plan=over.plan if not base.rules else build_plan(base.rules + over.rules),
         origin=f"{over.origin}+{base.origin}",
@@ -162,9 +176,26 @@ class SessionState:
         self.tool_calls: dict[str, int] = {}
         self.taints: set[str] = set()
         # provenance
-        self.output = dst.OutputIndex(policy.settings.output_index_max_keys)
+        # Where a key was first seen is recorded only when some question can
+        # say it (untrusted_output: ask somewhere in the policy).
+        self._trace = policy.settings.untrusted_output == "ask" or any(
+            t.untrusted_output == "ask" for srv in policy.servers for t in srv.tools.values()
+        )
+        max_keys = policy.settings.output_index_max_keys
+        # every key of free text (and of asserted fields: a look-alike of a
+        # correspondent is not vouched for)
+        self.output = dst.OutputIndex(max_keys, trace=self._trace)
+        # the exact keys of destinations in fields the service asserts
+        self.asserted = dst.DigestTable(max(1024, max_keys // 4))
+        # every key of fields a third party writes (a received mail's sender)
+        self.attributed = dst.OutputIndex(max(1024, max_keys // 4), trace=True)
         self.outputs_seen = 0
+        # (tool, argument, destination key) a human approved: trusted for the session
         self.approvals: set[tuple[str, str, str]] = set()
+        # the ones a human asked to remember across restarts
+        self.remembered: set[tuple[str, str, str]] = set()
+        # called with export_approvals() when ``remembered`` grows (visor/run.py saves it)
+        self.approvals_saver: Any = None
         # resolution cache
         self.active_packs: tuple[str, ...] = ()
         self._effective: dict[str, Effective] = {}
@@ -303,8 +334,21 @@ class SessionState:
         return events
 
     def observe_output(self, tool: str | None, result: dict) -> None:
-        """Index every destination-like token in a server result or error."""
+        """Index every destination-like token in a server result or error.
+
+        A tool whose entry names ``trusted_output_fields`` or ``sender_fields``
+        is read field by field (``structuredContent``, and text content that is
+        a JSON or YAML document): see ``_observe_fields``. Everything else is
+        free text.
+        """
         self.outputs_seen += 1
+        entry = self.effective(tool).entry if tool is not None else None
+        if entry is not None and (entry.trusted_output_fields or entry.sender_fields):
+            self._observe_fields(tool or "", result, entry.trusted_output_fields, entry.sender_fields, True)
+            return
+        if self._trace:
+            self._observe_fields(tool or "(not a tool call)", result, (), (), False)
+            return
         stack: list[Any] = [result]
         add = self.output.add
         # Plain words ("content", "text", "isError", "ok") hold no key: they
@@ -332,6 +376,94 @@ class SessionState:
             elif isinstance(v, list):
                 stack.extend(v)
 
+    def _observe_fields(
+        self,
+        tool: str,
+        result: dict,
+        trusted: tuple[fields.FieldPath, ...],
+        sender: tuple[fields.FieldPath, ...],
+        read_text: bool,
+    ) -> None:
+        """Index ``result`` place by place: a string in a ``trusted`` field is a
+        known correspondent (and free text too: its look-alikes are not), one
+        in a ``sender`` field is attributed (asked about), anything else is
+        free text. With ``read_text``, a text content item that is a JSON or
+        YAML document is read as records (visor/policy/fields.py)."""
+        # (value, path, class); a path is a tuple of segments (fields.ITEM for a list item)
+        stack: list[tuple[Any, tuple, int]] = [(result, (), _FREE)]
+        while stack:
+            v, path, cls = stack.pop()
+            if isinstance(v, str):
+                if v.isascii() and v.isalpha() and cls != _ASSERTED:
+                    continue  # a plain word holds no key (a bare user name is placed only by a field)
+                self._index_string(tool, v, path, cls)
+            elif isinstance(v, dict | fields.Pairs):
+                items = v.items() if isinstance(v, dict) else v
+                binary = isinstance(v, dict) and "mimeType" in v and v.get("type") in ("image", "audio")
+                text_item = read_text and isinstance(v, dict) and v.get("type") == "text"
+                for k, item in items:
+                    if binary and k == "data":
+                        continue
+                    if k == "blob" and isinstance(item, str):
+                        continue
+                    seg = fields.key_segment(k)
+                    sub = (*path, seg) if len(path) < 64 else path
+                    c = cls
+                    if c == _FREE and (trusted or sender):
+                        if sender and fields.matches(sender, sub) is not None:
+                            c = _SENDER  # the stricter class when both match
+                        elif trusted and fields.matches(trusted, sub) is not None:
+                            c = _ASSERTED
+                    if isinstance(k, str) and k and not (k.isascii() and k.isalpha() and c != _ASSERTED):
+                        self._index_string(tool, k, sub, c)
+                    if text_item and k == "text" and isinstance(item, str):
+                        doc = fields.read_structured(item)
+                        if doc is not None:
+                            stack.append((doc, (), c))
+                            continue
+                    if isinstance(item, int | float) and not isinstance(item, bool):
+                        item = str(item)  # a phone number or account id in a record
+                    if isinstance(item, str | dict | list):
+                        stack.append((item, sub, c))
+            elif isinstance(v, list):
+                sub = (*path, fields.ITEM) if len(path) < 64 else path
+                c = cls
+                if c == _FREE and (trusted or sender):
+                    if sender and fields.matches(sender, sub) is not None:
+                        c = _SENDER
+                    elif trusted and fields.matches(trusted, sub) is not None:
+                        c = _ASSERTED
+                for item in v:
+                    if isinstance(item, int | float) and not isinstance(item, bool):
+                        item = str(item)
+                    stack.append((item, sub, c))
+
+    def _index_string(self, tool: str, s: str, path: tuple, cls: int) -> None:
+        if cls == _SENDER:
+            self.attributed.set_where((tool, fields.render(path)))
+            self.attributed.add(s)
+            return
+        if self._trace:
+            self.output.set_where((tool, fields.render(path)))
+        self.output.add(s)
+        if cls == _ASSERTED and len(s) <= _ASSERTED_MAX:
+            for d in dst.parse_cached(s):
+                if d.kind != "opaque":
+                    self.asserted.add(d.key)
+
+    # ------------------------------------------------------------ provenance
+
+    def asserted_destination(self, d: dst.Dest) -> bool:
+        """The service asserted exactly ``d`` in a trusted field of some output."""
+        return d.kind != "opaque" and d.key in self.asserted
+
+    def where_seen(self, d: dst.Dest, attributed: bool = False) -> tuple[str, str] | None:
+        """(tool, field) where output first showed ``d``, when recorded."""
+        return (self.attributed if attributed else self.output).where_of(d)
+
+    def approved(self, tool: str, argument: str, key: str) -> bool:
+        return (tool, argument, key) in self.approvals
+
     # ------------------------------------------------------------ recording
 
     def record_allowed(self, call: ToolCall) -> list[SessionEvent]:
@@ -347,10 +479,42 @@ class SessionState:
                 events.append(SessionEvent("taint", call.tool, {"taint": taint.name, "matched": value}))
         return events
 
-    def remember_approval(self, call: ToolCall, decision: Decision) -> None:
-        """Remember a human's yes for this tool, argument and destination only."""
-        if decision.destination is not None and decision.argument is not None:
-            self.approvals.add((call.tool, decision.argument, decision.destination))
+    def remember_approval(self, call: ToolCall, decision: Decision, persist: bool = False) -> None:
+        """Remember a human's yes for this tool, argument and destination only:
+        trusted for the rest of the session, whatever output repeats it. With
+        ``persist`` (the human chose "remember"), across restarts too: the
+        saver hands ``export_approvals()`` to visor/run.py."""
+        if decision.destination is None or decision.argument is None:
+            return
+        key = (call.tool, decision.argument, decision.destination)
+        self.approvals.add(key)
+        if persist and key not in self.remembered and len(self.remembered) < APPROVALS_MAX:
+            self.remembered.add(key)
+            if self.approvals_saver is not None:
+                self.approvals_saver(self.export_approvals())
+
+    def export_approvals(self) -> dict:
+        return {
+            "format": APPROVALS_FORMAT,
+            "server": self.server,
+            "destinations": [list(k) for k in sorted(self.remembered)],
+        }
+
+    def import_approvals(self, data: dict) -> None:
+        """Adopt destinations a human approved with "remember" in an earlier session."""
+        if not isinstance(data, dict) or data.get("format") != APPROVALS_FORMAT:
+            raise ValueError(f"not a Visor approved-destinations file (format {APPROVALS_FORMAT})")
+        items = data.get("destinations")
+        if not isinstance(items, list) or not all(
+            isinstance(i, list) and len(i) == 3 and all(isinstance(x, str) and x for x in i) for i in items
+        ):
+            raise ValueError("'destinations' must be a list of [tool, argument, destination] strings")
+        if data.get("server") != self.server:
+            raise ValueError(f"the file is for server {data.get('server')!r}, not {self.server!r}")
+        for tool, arg, dest in items[:APPROVALS_MAX]:
+            key = (tool, arg, dest)
+            self.remembered.add(key)
+            self.approvals.add(key)
 
     # ------------------------------------------------------------ pin files
 

@@ -2,7 +2,8 @@
 what untrusted output has shown.
 
 A destination is reduced to a small set of keys (``email:a@b.c``,
-``url:https://h/p``, ``host:h``, ``channel:general``, ``phone:15551234``).
+``url:https://h/p``, ``host:h``, ``channel:general``, ``phone:15551234``,
+``iban:DE89370400440532013000``).
 Output is indexed into hash sets at observe time, so checking a destination
 costs the same after ten thousand outputs as after one.
 """
@@ -81,6 +82,15 @@ _HOST_RE = re.compile(
 _FULL_HOST_RE = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z][a-z0-9-]{0,62}\.?")
 _CHANNEL_RE = re.compile(r"[#@]?[\w.\-]{1,80}")
 _PHONE_RE = re.compile(r"\+?[\d\s().\-]{7,24}")
+# An account number (IBAN, ISO 13616): country, two check digits, 11 to 30
+# letters and digits; written in groups of four or run together. Compared
+# without spaces, upper case. The check digits are not verified: an
+# IBAN-shaped string that fails them is still someone's idea of an account.
+_IBAN_RE = re.compile(r"[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}")
+# In output text: the grouped form ("DE89 3704 0044 0532 0130 00"), which
+# whitespace splits into chunks. Every length from 15 on is indexed, so a
+# word that follows the number cannot hide it.
+_IBAN_TEXT = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9]){11,32}")
 _SPACES = re.compile(r"\s+")
 _LIST_SEP = re.compile(r"[,;]")
 _LIST_SPLIT = re.compile(r"[,;\s]+")
@@ -176,7 +186,7 @@ def _url_keys(value: str) -> list[str] | None:
 class Dest:
     """One destination found in an argument value."""
 
-    kind: str  # email | url | host | channel | phone | opaque
+    kind: str  # email | url | host | channel | phone | iban | opaque
     key: str  # "kind:value"; what approvals and trust lists compare
     keys: tuple[str, ...]  # every key to look up in the output index
     domain: str | None = None  # for emails and URLs
@@ -341,6 +351,9 @@ def _parse_piece(s: str) -> Dest:
     if _FULL_HOST_RE.fullmatch(folded) and not folded.replace(".", "").isdigit():
         host = _host_key(folded)
         return Dest("host", f"host:{host}", (f"host:{host}", f"token:{host}"), host)
+    compact = s.replace(" ", "").upper() if len(s) <= 48 else ""
+    if _IBAN_RE.fullmatch(compact):
+        return Dest("iban", f"iban:{compact}", (f"iban:{compact}", f"token:{compact.casefold()}"))
     if _PHONE_RE.fullmatch(s) and sum(c.isdigit() for c in s) >= 7:
         digits = "".join(c for c in s if c.isdigit())
         return Dest("phone", f"phone:{digits}", (f"phone:{digits}",))
@@ -574,6 +587,27 @@ class DigestTable:
         return len(self._slots) * 8
 
 
+class TracingTable(DigestTable):
+    """A DigestTable that also remembers, for the first ``WHERE_CAP`` keys it
+    holds, where each was first seen (``now``: tool and field). Bounded: past
+    the cap a key is still held, only its place is not (the question then
+    says the place was not recorded)."""
+
+    __slots__ = ("first", "now")
+    WHERE_CAP = 65_536
+
+    def __init__(self, max_keys: int) -> None:
+        super().__init__(max_keys)
+        self.first: dict[int, tuple[str, str]] = {}
+        self.now: tuple[str, str] = ("?", "?")
+
+    def add(self, key: str) -> None:
+        before = self.count
+        super().add(key)
+        if self.count != before and len(self.first) < self.WHERE_CAP:
+            self.first.setdefault(hash(key) or 1, self.now)
+
+
 #: Keys the output index holds at most (each 8-16 bytes): 16 MiB at the bound
 #: (``settings.output_index_max_keys``).
 DEFAULT_INDEX_MAX_KEYS = 1_000_000
@@ -589,7 +623,7 @@ class OutputIndex:
     ask. Keys are kept as digests in a bounded table (``DigestTable``).
     """
 
-    __slots__ = ("_keys", "_seen_chunks", "_seen_texts")
+    __slots__ = ("_keys", "_seen_chunks", "_seen_texts", "where")
 
     # Chunks recur from one result to the next (field names, ids, status
     # words). The keys of a chunk depend on the chunk alone and keys are never
@@ -600,10 +634,29 @@ class OutputIndex:
     _SHORT = 128
     _SHORT_CAP = 32_768
 
-    def __init__(self, max_keys: int = DEFAULT_INDEX_MAX_KEYS) -> None:
-        self._keys: DigestTable | set[str] = DigestTable(max_keys)
+    def __init__(self, max_keys: int = DEFAULT_INDEX_MAX_KEYS, trace: bool = False) -> None:
+        self._keys: DigestTable | set[str] = TracingTable(max_keys) if trace else DigestTable(max_keys)
         self._seen_chunks: set[str] = set()
         self._seen_texts: set[str] = set()
+        # With ``trace``: where each key was first seen (``TracingTable``), for
+        # the text of a question; None otherwise (nothing is recorded).
+        self.where = self._keys if trace else None
+
+    def set_where(self, where: tuple[str, str]) -> None:
+        """The (tool, field) the next ``add`` calls index; a no-op without ``trace``."""
+        if self.where is not None:
+            self.where.now = where
+
+    def where_of(self, d: Dest) -> tuple[str, str] | None:
+        """Where output first showed one of ``d``'s keys, if that was recorded."""
+        t = self.where
+        if t is None:
+            return None
+        for k in d.keys:
+            w = t.first.get(hash(k) or 1)
+            if w is not None:
+                return w
+        return None
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -636,7 +689,10 @@ class OutputIndex:
             chunks.update(v.split())
         short = self._SHORT
         chunk_keys = self._chunk
+        grouped = False  # a chunk like "DE89": perhaps the head of a grouped IBAN
         for chunk in chunks:
+            if len(chunk) == 4 and chunk[2:].isdigit() and chunk[:2].isalpha():
+                grouped = True
             if chunk in seen or _alpha(chunk):
                 continue
             chunk_keys(chunk)
@@ -646,6 +702,8 @@ class OutputIndex:
                 seen.add(chunk)
         for v in variants:
             self._phones(v)
+            if grouped:
+                self._ibans(v)
         if len(text) <= short:
             texts = self._seen_texts
             if len(texts) >= self._SHORT_CAP:
@@ -684,6 +742,13 @@ class OutputIndex:
                 digits = "".join(c for c in pm.group(0) if c.isdigit())
                 if len(digits) >= 7:
                     keys.add("phone:" + digits)
+
+    def _ibans(self, v: str) -> None:
+        keys = self._keys
+        for m in _IBAN_TEXT.finditer(v):
+            compact = m.group(0).replace(" ", "").upper()
+            for n in range(15, min(len(compact), 34) + 1):
+                keys.add("iban:" + compact[:n])
 
     def _chunk(self, chunk: str) -> None:
         keys = self._keys

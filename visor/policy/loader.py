@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from visor.policy import paths
+from visor.policy import fields, paths
 from visor.policy.schema import (
     ATTESTATION_KINDS,
     RULE_TYPES,
@@ -239,6 +239,7 @@ _SETTINGS = frozenset(
         "packs",
         "sensitive_paths",
         "output_index_max_keys",
+        "untrusted_output",
     }
 )
 _SERVER = frozenset(
@@ -270,9 +271,13 @@ _TOOL_COMMON = frozenset(
         "allowed_path_prefixes",
         "arg_patterns",
         "max_calls",
+        "trusted_output_fields",
+        "sender_fields",
     }
 )
-_TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "approval", "rules"}
+_TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "approval", "rules", "untrusted_output"}
+#: `untrusted_output:` of a tool or of settings: what a destination seen in output gets.
+UNTRUSTED_OUTPUT_MODES = ("deny", "ask")
 #: A tool's `approval:` key: which channels may answer its asks.
 APPROVAL_MODES = ("any", "out_of_band")
 _RULE_KEYS: dict[str, frozenset[str]] = {
@@ -350,6 +355,10 @@ def _settings(r: _Reader, node: Node) -> Settings:
                     f"unknown pack {name!r}; built-in: {', '.join(sorted(available))}",
                 )
         kw["packs"] = names
+    if "untrusted_output" in m:
+        kw["untrusted_output"] = r.choice(
+            m["untrusted_output"], "settings.untrusted_output", UNTRUSTED_OUTPUT_MODES
+        )
     if "sensitive_paths" in m:
         kw["sensitive_paths"] = tuple(
             r.glob(n, f"settings.sensitive_paths[{i}]")
@@ -464,6 +473,21 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
         kw["arg_patterns"] = tuple((a, r.regex(v, f"{akey}.{a}")) for a, v in amap.items())
     if "max_calls" in m:
         kw["max_calls"] = r.int_(m["max_calls"], f"{key}.max_calls")
+    for k in ("trusted_output_fields", "sender_fields"):
+        if k in m:
+            fkey = f"{key}.{k}"
+            compiled = []
+            for i, n in enumerate(r.list_(m[k], fkey)):
+                text = r.str_(n, f"{fkey}[{i}]")
+                try:
+                    compiled.append(fields.compile_path(text))
+                except ValueError as e:
+                    r.fail(n, f"{fkey}[{i}]", f"not a field path: {e}")
+            kw[k] = tuple(compiled)
+    if "untrusted_output" in m:
+        kw["untrusted_output"] = r.choice(
+            m["untrusted_output"], f"{key}.untrusted_output", UNTRUSTED_OUTPUT_MODES
+        )
     kw["screens"] = build_screens(kw.get("rules", ()))
     kw["plan"] = build_plan(kw.get("rules", ()))
     return ToolPolicy(**kw)

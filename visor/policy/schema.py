@@ -12,7 +12,10 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from visor.policy.fields import FieldPath
 
 Action = Literal["allow", "deny", "ask"]
 
@@ -165,6 +168,14 @@ class ToolPolicy:
     prefix_alts: tuple[str, ...] = ()  # the same prefixes with symlinks resolved
     arg_patterns: tuple[tuple[str, re.Pattern[str]], ...] = ()
     max_calls: int | None = None
+    # Destination provenance by field (visor/policy/fields.py): paths of this
+    # tool's structured output the service asserts (a destination there is a
+    # known correspondent) and paths a third party writes (asked about).
+    trusted_output_fields: tuple[FieldPath, ...] = ()
+    sender_fields: tuple[FieldPath, ...] = ()
+    # "deny" | "ask": a destination seen in untrusted output; None: not said
+    # (settings.untrusted_output decides)
+    untrusted_output: str | None = None
     # per deny rule type, all its patterns in one regex: a quick "can any match?"
     screens: dict[str, re.Pattern[str]] = field(default_factory=dict)
     # argument rules grouped by type, in order of first appearance: (type, check, rules)
@@ -333,6 +344,9 @@ class Settings:
     # Destination keys the provenance index keeps (8-16 bytes each); past it,
     # destinations trusted only by domain or prefix are asked (docs/limits.md).
     output_index_max_keys: int = 1_000_000
+    # A destination seen in untrusted output: "deny" (default), or "ask" a
+    # human when an approval channel is configured (denied without one).
+    untrusted_output: str = "deny"
 
 
 @dataclass(frozen=True, slots=True)
