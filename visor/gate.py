@@ -23,7 +23,7 @@ from visor.audit.writer import AuditUnhealthy
 from visor.gating import DENIED_REQUEST, DataGuard
 from visor.logs import get_logger
 from visor.policy import readings
-from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
+from visor.policy.evaluate import Decision, ToolCall, evaluate
 from visor.wire import errors
 from visor.wire.message import Message, Rejected
 
@@ -32,9 +32,20 @@ if TYPE_CHECKING:
     from visor.approval.model import ApprovalAnswer
     from visor.audit.writer import AuditWriter
     from visor.policy.schema import Policy
+    from visor.relay.proxy import _ServerLink as ServerLink
     from visor.session import SessionEvent, SessionState
 
 log = get_logger("visor.gate")
+
+# A tools/call that comes before any listing waits for Visor's own tools/list
+# (every page) for at most this long; no answer or an error denies it.
+LISTING_TIMEOUT_SECONDS = 15.0
+# Pages of that listing Visor follows; a server that never stops paging gets
+# the pins of these pages and no more.
+_MAX_LISTING_PAGES = 1000
+# The members of a call's _meta that say which protocol revision it speaks:
+# Visor's own tools/list carries them too.
+_PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
 
 # A call with several questions (two unknown recipients) is asked about each in
 # turn; past this many rounds it is denied rather than asked forever.
@@ -130,6 +141,9 @@ class Gate:
     def attach_client(self, link: ClientLink) -> None:
         """The relay's channel for Visor's own requests to the client (elicitation, progress)."""
 
+    def attach_server(self, link: ServerLink) -> None:
+        """The relay's channel for Visor's own requests to the server (tools/list before a call)."""
+
     async def close(self) -> None:
         """The session is over."""
 
@@ -162,6 +176,7 @@ class PolicyGate(Gate):
         pin_saver: Any = None,
         approvals: ApprovalBroker | None = None,
         protected: Protected | None = None,
+        listing_timeout: float = LISTING_TIMEOUT_SECONDS,
     ) -> None:
         self.policy = policy
         # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
@@ -180,6 +195,12 @@ class PolicyGate(Gate):
         self._closing = False
         # request id -> (seq of the allow record, monotonic start) for `result` events
         self._inflight: dict[Any, tuple[int, float]] = {}
+        # Visor's own tools/list, for calls that come before any listing.
+        self._server_link: ServerLink | None = None
+        self.listing_timeout = listing_timeout
+        self._listing: asyncio.Task[str | None] | None = None
+        # request id -> (call, its verdict) for calls waiting for that listing, in arrival order
+        self._before_listing: dict[Any, tuple[Message, asyncio.Future[Verdict | Drop]]] = {}
         self._append(
             {
                 "event": "session_start",
@@ -192,6 +213,14 @@ class PolicyGate(Gate):
 
     # ------------------------------------------------------------- decisions
     def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
+        assert msg.tool is not None and msg.arguments is not None
+        if self._before_listing or (not self.session.listing_seen and self._server_link is not None):
+            # Nothing is pinned yet (a client that cached a listing, or knows the
+            # tool): Visor lists the tools itself, then judges the call.
+            return self._after_listing(msg, ctx)
+        return self._decide(msg, ctx)
+
+    def _decide(self, msg: Message, ctx: CallContext) -> Verdict:
         assert msg.tool is not None and msg.arguments is not None
         call = ToolCall(self.server, msg.tool, msg.arguments)
         try:
@@ -217,6 +246,100 @@ class PolicyGate(Gate):
         if decision.action == "ask":
             return self._ask(msg, call, decision, ctx)
         return self._deny(msg, decision, ctx)
+
+    # ------------------------------------------------- listing before a call
+    def _after_listing(self, msg: Message, ctx: CallContext) -> Deferred:
+        """Hold the call until Visor's own tools/list is pinned, then decide it.
+
+        Ordered: the client's later messages wait behind it, as behind a call
+        waiting for its audit commit. Calls that come meanwhile wait for the
+        same listing and are decided in the order they came.
+        """
+        loop = asyncio.get_running_loop()
+        if self._listing is None or (self._listing.done() and not self.session.listing_seen):
+            self._listing = loop.create_task(self._fetch_listing(self._protocol_meta(msg)))
+        listing = self._listing
+        verdict: asyncio.Future[Verdict | Drop] = loop.create_future()
+        self._before_listing[msg.id] = (msg, verdict)
+
+        def listed(task: asyncio.Task[str | None]) -> None:
+            waiting = self._before_listing.get(msg.id)
+            if waiting is None or waiting[1] is not verdict:
+                return  # withdrawn by the client meanwhile (see cancel)
+            del self._before_listing[msg.id]
+            if task.cancelled():
+                failure: str | None = "the session ended"
+            elif task.exception() is not None:
+                log.error("listing_failed", error=repr(task.exception()))
+                failure = "Visor failed while reading it"
+            else:
+                failure = task.result()
+            if failure is None and not self.session.listing_seen:
+                failure = "the server's answer held no list of tools"
+            if failure is not None:
+                decision = Decision(
+                    "deny",
+                    "pin.no_tools_list",
+                    f"tool {msg.tool!r} was called before the server's tools were listed, and Visor's "
+                    f"own tools/list failed ({failure}), so there is nothing to pin the call against",
+                )
+                verdict.set_result(self._deny(self.guard.redact_call(msg), decision, ctx))
+                return
+            try:
+                result: Verdict = self._decide(msg, ctx)
+            except Exception as exc:  # a bug must never turn into an allow
+                log.exception("gate_failed", tool=msg.tool)
+                failed = Decision("deny", "internal.error", f"Visor failed ({type(exc).__name__})")
+                result = self._deny(self.guard.redact_call(msg), failed, ctx)
+            verdict.set_result(result)
+
+        listing.add_done_callback(listed)
+        return Deferred(verdict, ordered=True)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _protocol_meta(msg: Message) -> dict[str, Any]:
+        params = msg.obj.get("params")
+        meta = params.get("_meta") if type(params) is dict else None
+        if type(meta) is not dict:
+            return {}
+        return {k: v for k, v in meta.items() if type(k) is str and k.startswith(_PROTOCOL_META_PREFIX)}
+
+    async def _fetch_listing(self, meta: dict[str, Any]) -> str | None:
+        """Visor's own tools/list, every page (following nextCursor), pinned as the
+        first listing. None when it is pinned, else why it failed."""
+        link = self._server_link
+        assert link is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.listing_timeout
+        cursor: str | None = None
+        for _ in range(_MAX_LISTING_PAGES):
+            params: dict[str, Any] = {"_meta": meta} if meta else {}
+            if cursor is not None:
+                params["cursor"] = cursor
+            rpc_id, reply_fut = link.request("tools/list", params)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    reply = await reply_fut
+            except TimeoutError:
+                link.forget(rpc_id)
+                return f"no answer within {self.listing_timeout:g} seconds"
+            finally:
+                if not reply_fut.done():
+                    link.forget(rpc_id)
+            result = reply.get("result")
+            if type(result) is not dict or type(result.get("tools")) is not list:
+                error = reply.get("error")
+                code = error.get("code") if type(error) is dict else None
+                if type(code) is int:
+                    return f"the server answered with error {code}"
+                return "the server's answer held no list of tools"
+            self._observe_listing(result, cursor)
+            nxt = result.get("nextCursor")
+            if type(nxt) is not str or not nxt:
+                return None
+            cursor = nxt
+        log.warning("listing_pages_capped", pages=_MAX_LISTING_PAGES)
+        return None
 
     def _names_protected(self, value: dict[str, Any]) -> str | None:
         """The string that names Visor's own files under any reading of ``value``
@@ -328,16 +451,6 @@ class PolicyGate(Gate):
         return Deferred(verdict, ordered=False)
 
     def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
-        if decision.rule == UNTRUSTED_OUTPUT_ASK and failure in (None, "unavailable", "out_of_band"):
-            # `untrusted_output: ask` asks only when a human can answer; with
-            # no channel it is the deny it stands for.
-            return Decision(
-                "deny",
-                "provenance.untrusted_output",
-                f"{decision.reason}; no approval channel can ask a human, so it is denied",
-                decision.destination,
-                decision.argument,
-            )
         broker = self.approvals
         if failure == "timeout" and broker is not None:
             rule = "approval.timeout"
@@ -491,8 +604,7 @@ class PolicyGate(Gate):
     def _remember(self, call: ToolCall, decision: Decision) -> None:
         scope = remember_scope(decision.rule, decision.argument, decision.destination)
         if scope == "destination":
-            # "remember": the destination stays approved across restarts too
-            self.session.remember_approval(call, decision, persist=True)
+            self.session.remember_approval(call, decision)
         elif scope == "exact":
             self._exact_approvals.add((decision.rule, arguments_digest(call.tool, call.arguments)))
 
@@ -516,11 +628,6 @@ class PolicyGate(Gate):
         if answer.detail is not None:
             event["detail"] = answer.detail
         self._append(event)
-        if answer.approved and msg.tool is not None:
-            # Any yes to a destination trusts it for the rest of the session
-            # (tool, argument, destination): a server that echoes "sent to X"
-            # must not turn the next send to X into a deny.
-            self.session.remember_approval(ToolCall(self.server, msg.tool, {}), decision)
 
     def _out_of_band_only(self, call: ToolCall) -> bool:
         """The policy lets only the directory or the terminal answer this tool (`approval: out_of_band`)."""
@@ -556,6 +663,14 @@ class PolicyGate(Gate):
         self._append(event)
 
     def cancel(self, request_id: Any) -> bool:
+        before = self._before_listing.pop(request_id, None)
+        if before is not None:
+            msg, verdict = before
+            reason = "the client cancelled the call while Visor fetched the server's tools/list"
+            self._record(self.guard.redact_call(msg), "deny", Decision("deny", "pin.cancelled", reason))
+            if not verdict.done():
+                verdict.set_result(Drop())
+            return True
         task = self._waiting.pop(request_id, None)
         if task is None:
             return False
@@ -565,6 +680,9 @@ class PolicyGate(Gate):
     def attach_client(self, link: ClientLink) -> None:
         if self.approvals is not None:
             self.approvals.link = link
+
+    def attach_server(self, link: ServerLink) -> None:
+        self._server_link = link
 
     # ------------------------------------------------------------ observing
     def on_tool_result(self, request: Message | None, tool: str | None, response: Message) -> bytes | None:
@@ -600,6 +718,11 @@ class PolicyGate(Gate):
             return None
         params = request.obj.get("params") if request is not None else None
         cursor = params.get("cursor") if type(params) is dict else None
+        self._observe_listing(result, cursor)
+        return self.guard.hide_tools(self.session, response)
+
+    def _observe_listing(self, result: dict[str, Any], cursor: Any) -> None:
+        """One tools/list page, the client's or Visor's own: pins and output schemas."""
         events = self.session.observe_tools_list(result, cursor)
         for ev in events:
             self._session_event(ev)
@@ -607,7 +730,6 @@ class PolicyGate(Gate):
             self._pin_saver(self.session.export_pins())
         # Pins and output schemas come from the full list; hiding happens after.
         self.guard.observe_tools_list(result)
-        return self.guard.hide_tools(self.session, response)
 
     def on_client_request(self, msg: Message) -> bytes | None:
         params = msg.obj.get("params")
@@ -701,6 +823,10 @@ class PolicyGate(Gate):
         # Calls still waiting for a human are withdrawn (their pending files
         # deleted) and recorded before the session ends.
         self._closing = True
+        if self._listing is not None and not self._listing.done():
+            self._listing.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listing
         waiting = list(self._waiting.values())
         for task in waiting:
             task.cancel()

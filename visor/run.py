@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import itertools
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,19 @@ def default_audit_path_for(server_name: str, command: list[str]) -> Path:
     return visor_home() / "audit" / f"{safe}.jsonl"
 
 
+def default_audit_candidates(base: Path) -> Iterator[Path]:
+    """``<name>.jsonl``, then ``<name>-2.jsonl``, ``<name>-3.jsonl``, ... without end.
+
+    A log has one writer (its lock): a session whose name is held by a live
+    session of the same server takes the next. Each name that is busy is
+    held by a running process, so the search ends at most one past the
+    number of sessions running; concurrent sessions are never capped here.
+    """
+    yield base
+    for n in itertools.count(2):
+        yield base.with_name(f"{base.stem}-{n}.jsonl")
+
+
 class StartupError(Exception):
     """Visor refuses to start: the message says what to fix."""
 
@@ -205,6 +220,7 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
 
     # Before the audit log opens: a refused option must not leave its writer running.
     approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)
+    listing_timeout = _listing_timeout()
     if args.identity and not any(i.name == args.identity for i in policy.identities):
         raise StartupError(f"identity {args.identity!r} is not defined in the policy's identities")
     session = SessionState(policy, args.server_name, identity=args.identity)
@@ -220,32 +236,12 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
             write_pins(pin_path, data)
 
-    # Destinations a human approved with "remember": trusted again after a restart.
-    approved_path = approved_destinations_path(args, command)
-    if approved_path.exists():
-        try:
-            session.import_approvals(read_pins_json(approved_path))
-        except (OSError, ValueError) as exc:
-            raise StartupError(f"approved-destinations file {approved_path} refused: {exc}") from exc
-
-    def approvals_saver(data: dict) -> None:  # type: ignore[type-arg]
-        try:
-            write_pins(approved_path, data)
-            os.chmod(approved_path, 0o600)
-        except OSError as exc:  # the yes still holds for this session
-            from visor.logs import get_logger
-
-            get_logger("visor.run").error("approvals_save_failed", path=str(approved_path), error=str(exc))
-
-    session.approvals_saver = approvals_saver
-
     if args.audit_log:
         candidates = [Path(args.audit_log)]
     else:
         # Two clients may start the same wrapped server at once; a log has one
         # writer, so the second takes the next default name rather than failing.
-        base = default_audit_path_for(args.server_name, command)
-        candidates = [base] + [base.with_name(f"{base.stem}-{n}.jsonl") for n in range(2, 17)]
+        candidates = default_audit_candidates(default_audit_path_for(args.server_name, command))
     audit = None
     for audit_path in candidates:
         try:
@@ -257,8 +253,9 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
             )
             break
         except AuditLogBusy as exc:
-            if audit_path == candidates[-1]:
+            if args.audit_log:
                 raise StartupError(f"audit log refused: {exc}") from exc
+            # Held by a live session of the same server: the next name.
         except AuditError as exc:
             raise StartupError(f"audit log refused: {exc}") from exc
     assert audit is not None
@@ -271,46 +268,40 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         pin_saver=pin_saver,
         approvals=approvals,
         protected=_protected_paths(args, audit_path),
+        listing_timeout=listing_timeout,
     )
 
 
-def approved_destinations_path(args: argparse.Namespace, command: list[str]) -> Path:
-    """Where destinations approved with "remember" are kept: next to the pin
-    file when there is one, else $VISOR_HOME/approved/SERVER.json (a file per
-    server, like the audit log). Visor's own file: no tool call may name it."""
-    if args.pin_file:
-        pin = Path(args.pin_file)
-        return pin.with_name(pin.name + ".approved.json")
-    from visor.audit.paths import visor_home
+def _listing_timeout() -> float:
+    """How long a call made before any listing waits for Visor's own tools/list
+    (``VISOR_TOOLS_LIST_TIMEOUT`` seconds, default visor.gate.LISTING_TIMEOUT_SECONDS)."""
+    from visor.gate import LISTING_TIMEOUT_SECONDS
 
-    return visor_home() / "approved" / default_audit_path_for(args.server_name, command).with_suffix(".json").name
-
-
-def read_pins_json(path: Path) -> dict:  # type: ignore[type-arg]
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    return data
+    raw = os.environ.get("VISOR_TOOLS_LIST_TIMEOUT")
+    if not raw:
+        return LISTING_TIMEOUT_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StartupError(f"VISOR_TOOLS_LIST_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise StartupError(f"VISOR_TOOLS_LIST_TIMEOUT={raw!r} must be above 0 and at most 3600 seconds")
+    return value
 
 
 def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     """Visor's own files, which no tool call may name (visor/approval/protected.py)."""
     from visor.approval.directory import default_dir
     from visor.approval.protected import Protected
-    from visor.audit.paths import audit_dir, visor_home
+    from visor.audit.paths import audit_dir
     from visor.install.configs import home_dir, protected_config_paths
 
-    # $VISOR_HOME/approved: destinations a human approved with "remember"
-    dirs = [default_dir(), audit_dir(), visor_home() / "approved"]
+    dirs = [default_dir(), audit_dir()]
     if getattr(args, "approval_dir", None):
         dirs.append(Path(args.approval_dir))
     files = [audit_path]
     if args.pin_file:
         files.append(Path(args.pin_file))
-        files.append(Path(args.pin_file).with_name(Path(args.pin_file).name + ".approved.json"))
     if args.policy:
         files.append(Path(args.policy))
     # The client configs that put Visor in front of this server: a write to

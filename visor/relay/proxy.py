@@ -117,6 +117,16 @@ class Outbox:
             if not self._transport.is_closing():
                 self._transport.writelines(batch)
 
+    def write_now(self, line: bytes) -> None:
+        """Write ahead of the entries still waiting: Visor's own requests, which
+        the entries waiting may themselves be waiting for (a call waiting for
+        Visor's tools/list must not hold back that tools/list)."""
+        self._batch.append(line)
+        self._batch.append(b"\n")
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
     def write_later(self, fut: asyncio.Future[bytes | None]) -> None:
         self._queue.append(fut)
         fut.add_done_callback(self._release)
@@ -395,6 +405,37 @@ class _ClientLink:
         return name if type(name) is str else None
 
 
+class _ServerLink:
+    """Visor's own requests to the server (the tools/list fetched before a call
+    that came before any listing).
+
+    Ids carry VISOR_ID_PREFIX and 128 random bits; a response to one of them
+    is Visor's, consumed by the relay and never forwarded to the client. The
+    request goes out ahead of anything the Outbox holds back: the call that
+    waits for it holds back the client's later messages, never Visor's own.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[str, asyncio.Future[dict[str, Any]]]:
+        relay = self._relay
+        rpc_id = new_rpc_id()
+        fut: asyncio.Future[dict[str, Any]] = relay._loop.create_future()
+        if relay._server_closed or relay._server_in.is_closing():
+            fut.set_result({"error": {"code": errors.INTERNAL_ERROR, "message": "the server is gone"}})
+            return rpc_id, fut
+        relay._visor_server_requests[rpc_id] = fut
+        relay.to_server.write_now(
+            orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+        )
+        return rpc_id, fut
+
+    def forget(self, rpc_id: str) -> None:
+        """No answer is awaited any more (a timeout): a late one is dropped and logged."""
+        self._relay._visor_server_requests.pop(rpc_id, None)
+
+
 class Relay:
     """One `visor run` session between a client's pipes and a server's."""
 
@@ -413,6 +454,8 @@ class Relay:
         self._pause_reasons: set[str] = set()
         # Visor's own requests to the client (approvals), by id.
         self._visor_requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        # Visor's own requests to the server (tools/list before a call), by id.
+        self._visor_server_requests: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ setup
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
@@ -423,6 +466,7 @@ class Relay:
         try:
             await self._connect(loop, client_in_fd, client_out_fd)
             self.gate.attach_client(_ClientLink(self))
+            self.gate.attach_server(_ServerLink(self))
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal, sig)
             returncode = await self._lifecycle()
@@ -686,8 +730,8 @@ class Relay:
         loop = self._loop
         out: asyncio.Future[bytes | None] = loop.create_future()
 
-        def settle(fut: asyncio.Future[Forward | Answer | Drop]) -> None:
-            result: Forward | Answer | Drop
+        def settle(fut: asyncio.Future[Forward | Answer | Drop | Deferred]) -> None:
+            result: Forward | Answer | Drop | Deferred
             if fut.cancelled():
                 result = Drop()
             elif fut.exception() is not None:
@@ -697,6 +741,15 @@ class Relay:
                 )
             else:
                 result = fut.result()
+            if type(result) is Deferred:
+                # A verdict that needed a first step (Visor's own tools/list)
+                # and now needs another (an audit commit, a human).
+                if result.ordered:
+                    result.future.add_done_callback(settle)  # keeps this place in line
+                else:
+                    out.set_result(None)  # a human's answer holds nothing back
+                    self._defer(msg, entry, result)
+                return
             if self.state.client_pending.get(msg.id) is not entry:
                 # Cancelled by the client while it waited: nothing goes anywhere.
                 if type(result) is Forward:
@@ -934,6 +987,13 @@ class Relay:
             self.to_client.write(msg.raw)
 
     def _server_response(self, msg: Message) -> None:
+        if is_visor_rpc_id(msg.id):
+            fut = self._visor_server_requests.pop(msg.id, None)  # type: ignore[arg-type]
+            if fut is not None:
+                # The answer to Visor's own request: consumed here, never forwarded.
+                if not fut.done():
+                    fut.set_result(msg.obj)
+                return
         entry = self.state.client_pending.get(msg.id, _MISSING)
         if entry is _MISSING or not entry.forwarded:  # type: ignore[union-attr]
             log.warning("server_response_unmatched", id=_short(msg.id))
@@ -982,6 +1042,11 @@ class Relay:
             log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
             self.on_reject("server", "stream ended inside a message", None, size=event.size)
         log.info("server_stdout_closed")
+        # Nothing will answer Visor's own requests now: whatever waits on them is denied.
+        waiting, self._visor_server_requests = self._visor_server_requests, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_result({"error": {"code": errors.INTERNAL_ERROR, "message": "the server closed"}})
         if not self._server_eof.done():
             self._server_eof.set_result(None)
         if not self._stopping:
