@@ -23,7 +23,7 @@ from visor.audit.writer import AuditUnhealthy
 from visor.gating import DENIED_REQUEST, DataGuard
 from visor.logs import get_logger
 from visor.policy import readings
-from visor.policy.evaluate import Decision, ToolCall, evaluate
+from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
 from visor.wire import errors
 from visor.wire.message import Message, Rejected
 
@@ -451,6 +451,16 @@ class PolicyGate(Gate):
         return Deferred(verdict, ordered=False)
 
     def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
+        if decision.rule == UNTRUSTED_OUTPUT_ASK and failure in (None, "unavailable", "out_of_band"):
+            # `untrusted_output: ask` asks only when a human can answer; with
+            # no channel it is the deny it stands for.
+            return Decision(
+                "deny",
+                "provenance.untrusted_output",
+                f"{decision.reason}; no approval channel can ask a human, so it is denied",
+                decision.destination,
+                decision.argument,
+            )
         broker = self.approvals
         if failure == "timeout" and broker is not None:
             rule = "approval.timeout"
@@ -604,7 +614,8 @@ class PolicyGate(Gate):
     def _remember(self, call: ToolCall, decision: Decision) -> None:
         scope = remember_scope(decision.rule, decision.argument, decision.destination)
         if scope == "destination":
-            self.session.remember_approval(call, decision)
+            # "remember": the destination stays approved across restarts too
+            self.session.remember_approval(call, decision, persist=True)
         elif scope == "exact":
             self._exact_approvals.add((decision.rule, arguments_digest(call.tool, call.arguments)))
 
@@ -628,6 +639,11 @@ class PolicyGate(Gate):
         if answer.detail is not None:
             event["detail"] = answer.detail
         self._append(event)
+        if answer.approved and msg.tool is not None:
+            # Any yes to a destination trusts it for the rest of the session
+            # (tool, argument, destination): a server that echoes "sent to X"
+            # must not turn the next send to X into a deny.
+            self.session.remember_approval(ToolCall(self.server, msg.tool, {}), decision)
 
     def _out_of_band_only(self, call: ToolCall) -> bool:
         """The policy lets only the directory or the terminal answer this tool (`approval: out_of_band`)."""

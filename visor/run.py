@@ -236,6 +236,25 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
             write_pins(pin_path, data)
 
+    # Destinations a human approved with "remember": trusted again after a restart.
+    approved_path = approved_destinations_path(args, command)
+    if approved_path.exists():
+        try:
+            session.import_approvals(read_pins_json(approved_path))
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"approved-destinations file {approved_path} refused: {exc}") from exc
+
+    def approvals_saver(data: dict) -> None:  # type: ignore[type-arg]
+        try:
+            write_pins(approved_path, data)
+            os.chmod(approved_path, 0o600)
+        except OSError as exc:  # the yes still holds for this session
+            from visor.logs import get_logger
+
+            get_logger("visor.run").error("approvals_save_failed", path=str(approved_path), error=str(exc))
+
+    session.approvals_saver = approvals_saver
+
     if args.audit_log:
         candidates = [Path(args.audit_log)]
     else:
@@ -289,19 +308,43 @@ def _listing_timeout() -> float:
     return value
 
 
+def approved_destinations_path(args: argparse.Namespace, command: list[str]) -> Path:
+    """Where destinations approved with "remember" are kept: next to the pin
+    file when there is one, else $VISOR_HOME/approved/SERVER.json (a file per
+    server, like the audit log). Visor's own file: no tool call may name it."""
+    if args.pin_file:
+        pin = Path(args.pin_file)
+        return pin.with_name(pin.name + ".approved.json")
+    from visor.audit.paths import visor_home
+
+    return visor_home() / "approved" / default_audit_path_for(args.server_name, command).with_suffix(".json").name
+
+
+def read_pins_json(path: Path) -> dict:  # type: ignore[type-arg]
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
 def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     """Visor's own files, which no tool call may name (visor/approval/protected.py)."""
     from visor.approval.directory import default_dir
     from visor.approval.protected import Protected
-    from visor.audit.paths import audit_dir
+    from visor.audit.paths import audit_dir, visor_home
     from visor.install.configs import home_dir, protected_config_paths
 
-    dirs = [default_dir(), audit_dir()]
+    # $VISOR_HOME/approved: destinations a human approved with "remember"
+    dirs = [default_dir(), audit_dir(), visor_home() / "approved"]
     if getattr(args, "approval_dir", None):
         dirs.append(Path(args.approval_dir))
     files = [audit_path]
     if args.pin_file:
         files.append(Path(args.pin_file))
+        files.append(Path(args.pin_file).with_name(Path(args.pin_file).name + ".approved.json"))
     if args.policy:
         files.append(Path(args.policy))
     # The client configs that put Visor in front of this server: a write to
