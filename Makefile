@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench fuzz lint format clean go-toolchain
+.PHONY: setup test demo bench fuzz eval lint format clean go-toolchain
 
 NODE_SERVER := $(VENV)/node/node_modules/.bin/mcp-server-filesystem
 
@@ -51,6 +51,13 @@ FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[fuzz]' || echo "note: atheris could not be installed; using the fallback driver"
 	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python -m tests.fuzz.run
+
+# AgentDojo's workspace suite (v1.2.2) replayed without a model through a real
+# visor run (visor/eval/); writes docs/efficacy.md. AgentDojo is installed here
+# only (the eval extra), never for make test. EVAL_LIMIT=N: the first N user tasks.
+eval: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[eval]'
+	$(BIN)/python -m visor.eval.agentdojo_replay
 
 lint: $(STAMP)
 	$(BIN)/ruff check visor tests
