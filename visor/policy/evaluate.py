@@ -529,8 +529,10 @@ def check_egress(c: _Ctx) -> Decision | None:
 
 
 def check_chains(c: _Ctx) -> Decision | None:
-    # ``chains.chain_hit`` for every chain that is not "allow", with the
-    # name matching (a regex per sink and source) memoised per policy.
+    # Every chain that is not "allow" and whose sinks include this call fires
+    # when one of its sources ran within the chain's own window (or the
+    # policy's chain_window_size); the name matching (a regex per sink and
+    # source) is memoised per policy.
     memo = _memo(c.policy)
     key = (c.call.server, c.call.tool)
     hits = memo.sink_chains.get(key)
