@@ -14,6 +14,8 @@ SDK_SERVER = Path(__file__).parents[1] / "servers" / "sdk_server.py"
 
 def visor(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
     full = dict(os.environ)
+    # As after `pipx install`: `visor` is on the PATH (a test that needs otherwise passes PATH).
+    full["PATH"] = f"{VENV_BIN}{os.pathsep}{full.get('PATH', '')}"
     full.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "visor.cli", *args],

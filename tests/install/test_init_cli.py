@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.install.helpers import VISOR_EXE, visor
+from visor.install.init import backup_prefix
 from tests.install.test_configs import CLAUDE_CODE, CLAUDE_DESKTOP, CURSOR, VSCODE
 
 POLICY = """version: "1.0"
@@ -27,7 +28,10 @@ servers:
 
 
 def backups(path: Path) -> list[Path]:
-    return sorted(path.parent.glob(path.name + ".visor-backup-*"))
+    """The backups of one config, in $VISOR_HOME/backups/ (never beside the config)."""
+    assert not list(path.parent.glob(path.name + ".visor-backup-*"))
+    # tests/conftest.py gives every test its own VISOR_HOME
+    return sorted((Path(os.environ["VISOR_HOME"]) / "backups").glob(backup_prefix(path) + "*"))
 
 
 @pytest.mark.parametrize(
@@ -98,6 +102,7 @@ def _init_on_a_terminal(args: list[str], answer: bytes, cwd: Path) -> tuple[int,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         cwd=cwd,
+        env={**os.environ, "PATH": f"{VISOR_EXE.parent}{os.pathsep}{os.environ.get('PATH', '')}"},
     )
     os.close(secondary)
     os.write(main, answer)
@@ -205,8 +210,9 @@ def test_keeps_mode_and_writes_through_a_symlink(tmp_path: Path) -> None:
     assert stat.S_IMODE(real.stat().st_mode) == 0o600
     [backup] = backups(real)
     assert stat.S_IMODE(backup.stat().st_mode) == 0o600
-    # no temporary files left behind
-    assert sorted(p.name for p in real.parent.iterdir()) == ["mcp.json", backup.name]
+    # no temporary files left behind, and the backup is not beside the config
+    assert sorted(p.name for p in real.parent.iterdir()) == ["mcp.json"]
+    assert stat.S_IMODE(backup.parent.stat().st_mode) == 0o700
 
 
 def test_server_selection_and_unknown_name(tmp_path: Path) -> None:

@@ -6,14 +6,19 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    init = subparsers.add_parser(
+    from visor.cli import add_command
+
+    init = add_command(
+        subparsers,
         "init",
-        help="wrap the servers of an MCP client config in `visor run` (or undo it)",
-        description=(
-            "Rewrite the stdio servers of an MCP client config to start through `visor run`. "
-            "The original entry is kept under x-visor-upstream, so --undo restores it exactly. "
-            "Shows a diff and asks before writing; keeps a timestamped backup next to the file."
-        ),
+        "wrap the servers of an MCP client config in `visor run` (or undo it)",
+        "Rewrite the stdio servers of an MCP client config to start through `visor run`. "
+        "The original entry is kept under x-visor-upstream, so --undo restores it exactly. "
+        "Run it again with --policy, --approval-dir or --absolute to change servers it wrapped before. "
+        "Each server keeps its tool pins in $VISOR_HOME/pins/NAME.json. Shows a diff and asks before "
+        "writing; keeps a timestamped backup in $VISOR_HOME/backups/.",
+        "visor init --config .mcp.json\n  visor init --config .mcp.json --server time --policy ~/.visor/time.yaml\n"
+        "  visor init --config .mcp.json --undo",
     )
     init.add_argument("--config", metavar="FILE", help="the client config (.mcp.json, mcp.json, ...)")
     init.add_argument(
@@ -29,17 +34,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="write the absolute path of the visor executable (desktop apps may not see your shell's PATH)",
     )
+    init.add_argument(
+        "--approval-dir",
+        metavar="DIR",
+        help="ask for approvals through pending files in DIR (answer with `visor approve`)",
+    )
+    init.add_argument(
+        "--no-pin-file",
+        action="store_true",
+        help="do not keep tool pins across restarts (default: $VISOR_HOME/pins/NAME.json per server)",
+    )
     init.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
     init.add_argument(
         "--list", action="store_true", help="find the usual client configs and list their servers"
     )
     init.set_defaults(func=_init)
 
-    policy = subparsers.add_parser("policy", help="policy helpers: scaffold")
+    policy = add_command(
+        subparsers,
+        "policy",
+        "policy helpers: scaffold",
+        "Helpers for writing a policy.",
+        "visor policy scaffold --server-name time -o ~/.visor/time.yaml -- uvx mcp-server-time",
+    )
     actions = policy.add_subparsers(dest="policy_action", metavar="ACTION")
-    scaffold = actions.add_parser(
+    scaffold = add_command(
+        actions,
         "scaffold",
-        help="start a server, list its tools, write a default-deny policy that allows them",
+        "start a server, list its tools, write a default-deny policy that allows them",
+        "Start COMMAND as an MCP server, read its tools/list and write an explicit default-deny "
+        "policy that allows each listed tool, with what Visor knows about it (sending, writing).",
+        "visor policy scaffold --server-name time -o ~/.visor/time.yaml -- uvx mcp-server-time",
         usage="visor policy scaffold [OPTIONS] -- COMMAND [ARGS...]",
     )
     scaffold.add_argument(
@@ -59,8 +84,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     scaffold.set_defaults(func=_scaffold)
     policy.set_defaults(func=lambda args: _usage(policy))
 
-    doctor = subparsers.add_parser(
-        "doctor", help="check that wrapped servers start, logs verify, policies lint"
+    doctor = add_command(
+        subparsers,
+        "doctor",
+        "check that wrapped servers start, logs verify, policies lint",
+        "For each client config: every wrapped server starts through Visor and lists its tools, "
+        "its policy lints, its audit log verifies, and the client can find `visor`.",
+        "visor doctor\n  visor doctor --config .mcp.json --no-start",
     )
     doctor.add_argument(
         "--config",

@@ -221,13 +221,107 @@ def _dump(value: Any, indent: str | None, depth_indent: str, nl: str) -> str:
 class WrapOptions:
     visor_command: str = "visor"
     policy: str | None = None  # absolute path, or None for the embedded default
+    approval_dir: str | None = None  # absolute path
+    pin_dir: str | None = None  # absolute path: each server's pins in PIN_DIR/<name>.json
+    pin_path: str | None = None  # an entry's own pin file, kept as it was written
+
+    def pin_file(self, name: str) -> str | None:
+        if self.pin_path:
+            return self.pin_path
+        if not self.pin_dir:
+            return None
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).lstrip(".") or "server"
+        return os.path.join(self.pin_dir, f"{safe}.json")
 
 
-def visor_args(name: str, upstream: list[str], policy: str | None) -> list[str]:
+def visor_args(
+    name: str, upstream: list[str], policy: str | None, options: WrapOptions | None = None
+) -> list[str]:
     args = ["run", "--server-name", name]
     if policy:
         args += ["--policy", policy]
+    if options is not None:
+        if options.approval_dir:
+            args += ["--approval-dir", options.approval_dir]
+        pin = options.pin_file(name)
+        if pin:
+            args += ["--pin-file", pin]
     return [*args, "--", *upstream]
+
+
+# `visor run` options `visor init` writes, and so may rewrite on a later run.
+MANAGED_OPTIONS = ("--server-name", "--policy", "--approval-dir", "--pin-file")
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a re-run of `visor init` changes in entries it wrapped before (None: keep)."""
+
+    visor_command: str | None = None
+    policy: str | None = None
+    approval_dir: str | None = None
+    pin_dir: str | None = None
+    no_pin_file: bool = False
+
+    @property
+    def any(self) -> bool:
+        return any((self.visor_command, self.policy, self.approval_dir, self.pin_dir, self.no_pin_file))
+
+
+def current_options(entry: dict) -> tuple[dict[str, str], list[str]] | None:
+    """The managed options of a wrapped entry, and any other option (None if unreadable)."""
+    split = wrapped_run_args(entry)
+    if split is None:
+        return None
+    options, _ = split
+    managed: dict[str, str] = {}
+    other: list[str] = []
+    i = 0
+    while i < len(options):
+        opt = options[i]
+        key, eq, value = opt.partition("=")
+        if key in MANAGED_OPTIONS:
+            if not eq:
+                if i + 1 >= len(options):
+                    return None
+                value = options[i + 1]
+                i += 1
+            managed[key] = value
+        else:
+            other.append(opt)
+        i += 1
+    return managed, other
+
+
+def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]:
+    """The options to re-wrap `e` with, or (None, why it is left alone)."""
+    value = e.value
+    up = value.get(UPSTREAM_KEY)
+    found = current_options(value)
+    if found is None:
+        return None, "already wrapped; its visor run options cannot be read, left alone"
+    managed, other = found
+    if other:
+        return None, (
+            f"already wrapped with options `visor init` does not write ({' '.join(other)}); "
+            f"left alone: edit it by hand, or `visor init --undo --server {e.name}` and wrap again"
+        )
+    extra = {k: v for k, v in value.items() if k not in ("command", "args", UPSTREAM_KEY)}
+    original = {k: v for k, v in up.items() if k not in ("command", "args")}
+    if extra != original:
+        return None, (
+            "already wrapped, and edited since (its keys differ from the original's); left alone: "
+            f"`visor init --undo --server {e.name}` and wrap again"
+        )
+    keep_pin = None if update.no_pin_file or update.pin_dir else managed.get("--pin-file")
+    options = WrapOptions(
+        visor_command=update.visor_command or str(value["command"]),
+        policy=update.policy or managed.get("--policy"),
+        approval_dir=update.approval_dir or managed.get("--approval-dir"),
+        pin_dir=None if update.no_pin_file else update.pin_dir,
+        pin_path=keep_pin,
+    )
+    return options, ""
 
 
 def wrapped_value(entry: dict, name: str, options: WrapOptions) -> dict:
@@ -236,7 +330,7 @@ def wrapped_value(entry: dict, name: str, options: WrapOptions) -> dict:
     for k, v in entry.items():
         if k == "command":
             out["command"] = options.visor_command
-            out["args"] = visor_args(name, command_line(entry), options.policy)
+            out["args"] = visor_args(name, command_line(entry), options.policy, options)
         elif k != "args":
             out[k] = v
     out[UPSTREAM_KEY] = entry
@@ -250,7 +344,7 @@ def _wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     nl = _newline(text)
     members = node.members
     old_args = node.member("args")
-    new_args = visor_args(entry.name, command_line(entry.value), options.policy)
+    new_args = visor_args(entry.name, command_line(entry.value), options.policy, options)
     multiline = "\n" in original
     outer = _line_indent(text, entry.member.key_start)
     unit = _entry_unit(text, node, outer) if multiline else ""
@@ -292,6 +386,25 @@ def _unwrapped_text(text: str, entry: Entry) -> str:
     return _unshift(text[up.value.start : up.value.end], unit)
 
 
+def _rewrap_text(text: str, entry: Entry, options: WrapOptions, config_path: str) -> str | None:
+    """The entry wrapped again from its original, at the same place in the file."""
+    node = entry.member.value
+    original = _unwrapped_text(text, entry)
+    unwrapped = text[: node.start] + original + text[node.end :]
+    try:
+        again = load_text(unwrapped, config_path)
+    except ConfigError:
+        return None
+    match = next(
+        (x for x in again.entries if x.block == entry.block and x.name == entry.name and x.kind == "stdio"),
+        None,
+    )
+    if match is None:
+        return None
+    inner = match.member.value
+    return _wrapped_text(unwrapped, match, options) if inner.start == node.start else None
+
+
 def _splice(text: str, edits: list[tuple[int, int, str]]) -> str:
     for start, end, new in sorted(edits, reverse=True):
         text = text[:start] + new + text[end:]
@@ -322,7 +435,15 @@ def select(config: Config, names: list[str] | None) -> list[Entry]:
     return [e for e in config.entries if e.name in names]
 
 
-def plan_wrap(config: Config, names: list[str] | None, options: WrapOptions) -> Plan:
+def plan_wrap(
+    config: Config, names: list[str] | None, options: WrapOptions, update: Update | None = None
+) -> Plan:
+    """Wrap the stdio entries; with `update`, also rewrite the `visor run` options of wrapped ones.
+
+    A wrapped entry is re-wrapped from its x-visor-upstream original, so the
+    result is what wrapping the original with the new options gives (and
+    undo still restores the original exactly).
+    """
     text = config.doc.text
     edits: list[tuple[int, int, str]] = []
     changed: list[Entry] = []
@@ -331,6 +452,24 @@ def plan_wrap(config: Config, names: list[str] | None, options: WrapOptions) -> 
         if e.kind == "stdio":
             node = e.member.value
             edits.append((node.start, node.end, _wrapped_text(text, e, options)))
+            changed.append(e)
+        elif (
+            update is not None
+            and update.any
+            and e.kind == "wrapped"
+            and _is_visor_command(e.value)
+            and isinstance(e.value.get(UPSTREAM_KEY), dict)
+        ):
+            new_options, why = _updated_options(e, update)
+            if new_options is None:
+                skipped.append((e, why))
+                continue
+            rewrapped = _rewrap_text(text, e, new_options, config.path)
+            node = e.member.value
+            if rewrapped is None or rewrapped == text[node.start : node.end]:
+                skipped.append((e, "already wrapped with these options"))
+                continue
+            edits.append((node.start, node.end, rewrapped))
             changed.append(e)
         elif e.kind == "wrapped" and not _is_visor_command(e.value):
             # The marker is there, the protection is not: someone edited the

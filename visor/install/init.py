@@ -16,6 +16,7 @@ from visor.install.configs import (
     Config,
     ConfigError,
     Plan,
+    Update,
     WrapOptions,
     home_dir,
     known_locations,
@@ -104,9 +105,20 @@ def unified_diff(old: str, new: str, path: str) -> str:
     )
 
 
+def backup_prefix(path: Path) -> str:
+    """Backups of one config: its name and a digest of where it lives (two .mcp.json differ)."""
+    import hashlib
+
+    digest = hashlib.sha256(os.path.realpath(path).encode("utf-8", "surrogateescape")).hexdigest()[:10]
+    return f"{path.name}.{digest}.visor-backup-"
+
+
 def backup_path(path: Path, now: float) -> Path:
+    """In $VISOR_HOME/backups/ (0700), not beside the config: one folder, nothing for a client to read."""
+    from visor.userfiles import backups_dir, ensure_dir
+
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return path.with_name(f"{path.name}.visor-backup-{stamp}")
+    return ensure_dir(backups_dir()) / f"{backup_prefix(path)}{stamp}"
 
 
 def _fsync_dir(folder: str) -> None:
@@ -123,7 +135,7 @@ def _fsync_dir(folder: str) -> None:
 
 
 def write_backup(path: Path, data: bytes, now: float) -> Path:
-    """A copy of the file as it was, next to it; never overwrites an older backup."""
+    """A copy of the file as it was, in $VISOR_HOME/backups/; never overwrites an older backup."""
     base = backup_path(path, now)
     mode = path.stat().st_mode & 0o777
     for n in range(1000):
@@ -196,8 +208,8 @@ def run_init(args: argparse.Namespace) -> int:
             plan = plan_undo(config, args.server)
             verb = "unwrap"
         else:
-            options, warning, policy = _wrap_options(args)
-            plan = plan_wrap(config, args.server, options)
+            options, warning, policy, update = _wrap_options(args)
+            plan = plan_wrap(config, args.server, options, update)
             verb = "wrap"
     except ConfigError as e:
         print(f"visor init: {e}", file=sys.stderr)
@@ -254,26 +266,47 @@ def run_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wrap_options(args: argparse.Namespace) -> tuple[WrapOptions, str | None, Policy | None]:
+def _wrap_options(
+    args: argparse.Namespace,
+) -> tuple[WrapOptions, str | None, Policy | None, Update]:
+    from visor.userfiles import pins_dir
+
     policy_path = None
     loaded = None
     if args.policy:
         from visor.policy.loader import PolicyError, load_policy
 
-        policy_path = os.path.abspath(args.policy)
+        policy_path = os.path.abspath(os.path.expanduser(args.policy))
         try:
             loaded = load_policy(policy_path)
         except PolicyError as e:
             raise ConfigError(f"the policy does not load, so wrapped servers would not start: {e}") from None
     executable = find_visor_executable()
+    on_path = shutil.which("visor")
     if args.absolute:
         if executable is None:
             raise ConfigError("cannot find the visor executable to write with --absolute")
         command = executable
     else:
+        if on_path is None:
+            where = f" (it is at {executable})" if executable else ""
+            raise ConfigError(
+                "`visor` is not on your PATH" + where + ", so a client could not start the wrapped "
+                "servers (spawn visor ENOENT); nothing written. Rerun with --absolute to write its "
+                "full path, or put it on your PATH (pipx install / uv tool install)."
+            )
         command = "visor"
-    on_path = shutil.which("visor")
-    return WrapOptions(command, policy_path), path_warning(args.absolute, on_path, executable), loaded
+    approval_dir = os.path.abspath(os.path.expanduser(args.approval_dir)) if args.approval_dir else None
+    pin_dir = None if args.no_pin_file else str(pins_dir().absolute())
+    options = WrapOptions(command, policy_path, approval_dir, pin_dir)
+    # What a re-run changes in entries it wrapped before: only what was asked for.
+    update = Update(
+        visor_command=command if args.absolute else None,
+        policy=policy_path,
+        approval_dir=approval_dir,
+        no_pin_file=args.no_pin_file,
+    )
+    return options, path_warning(args.absolute, on_path, executable), loaded, update
 
 
 def run_list() -> int:
