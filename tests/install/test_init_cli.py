@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.install.helpers import VISOR_EXE, visor
-from visor.install.init import backup_prefix
 from tests.install.test_configs import CLAUDE_CODE, CLAUDE_DESKTOP, CURSOR, VSCODE
+from visor.install.init import backup_prefix
 
 POLICY = """version: "1.0"
 default_action: deny

@@ -24,7 +24,6 @@ import os
 import pty
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
