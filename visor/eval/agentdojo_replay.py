@@ -259,6 +259,7 @@ class CallRecord:
     args: dict[str, Any]
     ran: bool
     rule: str | None = None
+    reason: str | None = None  # Visor's denial text
 
 
 @dataclass
@@ -380,7 +381,7 @@ async def _drive(
             rule = None
             if denied and "(rule: " in text:
                 rule = text.rsplit("(rule: ", 1)[1].rstrip(")")
-            res.calls.append(CallRecord(phase, function, args, not denied, rule))
+            res.calls.append(CallRecord(phase, function, args, not denied, rule, text if denied else None))
             return Outcome(not denied, text, rule)
 
         async with anyio.create_task_group() as tg:
@@ -428,8 +429,6 @@ def run_one(job: tuple[str, str | None, str, str]) -> dict[str, Any]:
                     rec = json.loads(line)
                     if rec.get("event") == "ask":
                         res.asks += 1
-                    elif rec.get("event") == "deny" and rec.get("rule") == "approval.unavailable":
-                        res.asks += 1  # asked, with nobody to ask
     if post is not None:
         from agentdojo.functions_runtime import FunctionCall
 
@@ -466,6 +465,15 @@ def _frac(n: int, d: int) -> str:
     return f"{n}/{d}"
 
 
+def _asks(r: dict[str, Any]) -> int:
+    """Questions Visor raised in one run: with nobody to approve, the calls denied for that reason
+    (one question each: the first ask ends the call); with the approver, the audit's `ask` records
+    (a call can raise several, one round each)."""
+    if r["mode"] == "none":
+        return sum(1 for c in r["calls"] if c["rule"] == "approval.unavailable")
+    return int(r["asks"])
+
+
 def summarise(results: list[dict[str, Any]], suite: Any) -> dict[str, Any]:
     by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in results:
@@ -495,7 +503,7 @@ def summarise(results: list[dict[str, Any]], suite: Any) -> dict[str, Any]:
             and all(c["ran"] for c in r["calls"] if c["function"] in SEND_TOOLS)
         ]
         sends_run = [r for r in clean if r["user_task"] in send_tasks]
-        asks = [r["asks"] for r in clean]
+        asks = [_asks(r) for r in clean]
         deny_rules: Counter[str] = Counter()
         for r in clean:
             for c in r["calls"]:
@@ -516,12 +524,16 @@ def summarise(results: list[dict[str, Any]], suite: Any) -> dict[str, Any]:
             "asks_median": statistics.median(asks) if asks else 0,
             "asks_max": max(asks) if asks else 0,
             "asks_total": sum(asks),
-            "asks_per_task": {r["user_task"]: r["asks"] for r in clean if r["asks"]},
+            "asks_per_task": {r["user_task"]: _asks(r) for r in clean if _asks(r)},
             "clean_denies": dict(deny_rules),
             "clean_failures": [
                 {
                     "user_task": r["user_task"],
-                    "denied": [(c["function"], c["rule"], c["args"]) for c in r["calls"] if not c["ran"]],
+                    "denied": [
+                        (c["function"], c["rule"], c["args"], c.get("reason"))
+                        for c in r["calls"]
+                        if not c["ran"]
+                    ],
                     "error": r["error"],
                 }
                 for r in sorted(failed, key=lambda r: task_key(r["user_task"]))
@@ -557,7 +569,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         if m["clean_failures"]:
             print("clean runs that fail:")
             for f in m["clean_failures"]:
-                denied = "; ".join(f"{fn} [{rule}]" for fn, rule, _ in f["denied"]) or "nothing denied"
+                denied = "; ".join(f"{fn} [{rule}]" for fn, rule, *_ in f["denied"]) or "nothing denied"
                 print(f"  {f['user_task']}: {denied}{'  ERROR ' + f['error'] if f['error'] else ''}")
         if m["errors"]:
             print(f"harness errors: {len(m['errors'])}: {m['errors'][:5]}")
@@ -611,6 +623,10 @@ def main() -> int:
         f"{len(suite.injection_tasks)} injection tasks; {len(jobs)} runs in {jobs_n} processes; policy {policy}",
         flush=True,
     )
+    from visor.eval.report import _git
+
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = [line[3:] for line in _git("status", "--porcelain", "--untracked-files=no").splitlines()]
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     ctx = multiprocessing.get_context("fork")
@@ -629,6 +645,8 @@ def main() -> int:
         "seconds": round(elapsed),
         "limit": limit,
         "subset": bool(subset),
+        "commit": commit,
+        "dirty": [p for p in dirty if p.startswith(("visor/", "policies/"))],
         "date": datetime.date.today().isoformat(),
     }
     print_summary(summary)
