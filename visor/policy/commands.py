@@ -12,15 +12,27 @@ from visor.policy.lint import findings_json, lint_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    lint = subparsers.add_parser(
-        "lint", help="check a policy file: errors, then what loads but is probably wrong"
+    from visor.cli import add_command
+
+    lint = add_command(
+        subparsers,
+        "lint",
+        "check a policy file: errors, then what loads but is probably wrong",
+        "Check a policy: errors (file, line and key) first, then what loads but is probably wrong.",
+        "visor lint ~/.visor/time.yaml",
     )
     lint.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     lint.add_argument("--json", action="store_true", help="print findings as JSON")
     lint.add_argument("file", help="the policy YAML file")
     lint.set_defaults(func=run_lint)
 
-    pins = subparsers.add_parser("pins", help="show or reset the tool pins saved in a pin file")
+    pins = add_command(
+        subparsers,
+        "pins",
+        "show or reset the tool pins saved in a pin file",
+        "Show the tool pins `visor run --pin-file` keeps, or forget them after a server update you trust.",
+        "visor pins --pin-file ~/.visor/pins/time.json --reset get_current_time",
+    )
     pins.add_argument("--pin-file", required=True, help="the JSON pin file written by `visor run --pin-file`")
     pins.add_argument(
         "--reset", nargs="?", const="", default=None, metavar="TOOL", help="forget every pin, or only TOOL's"
@@ -32,13 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_attest(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:
     """The attest command (`visor attest`); another group can add it under its own name."""
-    attest = subparsers.add_parser(
+    from visor.cli import add_command
+
+    attest = add_command(
+        subparsers,
         name,
-        help="print the attestation digest (stdio_invocation_sha256_v1) of a server command, to pin in a policy",
-        usage=f"{prog} [--entry-arg-position N]... -- COMMAND [ARGS...]",
-        description="Measure COMMAND ARGS exactly as `visor run -- COMMAND ARGS` measures it at "
+        "print the attestation digest (stdio_invocation_sha256_v1) of a server command, to pin in a policy",
+        "Measure COMMAND ARGS exactly as `visor run -- COMMAND ARGS` measures it at "
         "start-up (run it from the same directory, with the same PATH) and print the attestation "
         "block for the server's policy entry.",
+        f"{prog} -- /usr/local/bin/my-server --stdio",
+        usage=f"{prog} [--entry-arg-position N]... -- COMMAND [ARGS...]",
     )
     attest.add_argument(
         "--entry-arg-position",
