@@ -110,17 +110,19 @@ def test_without_any_channel_the_call_is_denied_with_setup_advice(tmp_path: Path
 
 def test_stale_and_replayed_answers_approve_nothing(tmp_path: Path) -> None:
     adir = _approvals(tmp_path)
-    vp, log, audit = start(tmp_path, approval_dir=adir)
-    args = {"to": "new@example.org", "body": "same"}
+    # approval_required: a yes covers one call (a yes to a destination would
+    # place that destination for the session, and call 2 would not be asked)
+    vp, log, audit = start(tmp_path, approval_dir=adir, echo_approval=True)
+    args = {"text": "same"}
     try:
         # call 1 is approved; keep a copy of its answer as an attacker would
-        call(vp, 1, "send_email", args)
+        call(vp, 1, "echo", args)
         ((a, rec_a),) = wait_pending(adir).items()
         replay = model.answer_record(a, rec_a["call_hash"], True, False)
         assert cli("approve", "--approval-dir", str(adir), a).returncode == 0
         assert recv_id(vp, 1)["result"]["isError"] is False
         # call 2 is the very same call under a new request id
-        call(vp, 2, "send_email", args)
+        call(vp, 2, "echo", args)
         found = wait_pending(adir)
         ((b, rec_b),) = ((k, v) for k, v in found.items() if k != a)
         assert b != a and rec_b["call_hash"] != rec_a["call_hash"]
@@ -284,6 +286,20 @@ def test_approval_required_is_remembered_for_the_exact_arguments_only(tmp_path: 
 
 def test_without_remember_a_second_identical_call_is_asked_again(tmp_path: Path) -> None:
     adir = _approvals(tmp_path)
+    vp, _log, _audit = start(tmp_path, approval_dir=adir, echo_approval=True)
+    try:
+        call(vp, 1, "echo", {"text": "hi"})
+        ((pid, _),) = wait_pending(adir).items()
+        assert cli("approve", "--approval-dir", str(adir), pid).returncode == 0
+        assert recv_id(vp, 1)["result"]["isError"] is False
+        call(vp, 2, "echo", {"text": "hi"})
+        assert len(wait_pending(adir)) == 1
+    finally:
+        vp.kill()
+
+
+def test_a_yes_to_a_destination_places_it_for_the_session_only(tmp_path: Path) -> None:
+    adir = _approvals(tmp_path)
     vp, _log, _audit = start(tmp_path, approval_dir=adir)
     try:
         call(vp, 1, "send_email", {"to": "new@example.org"})
@@ -291,6 +307,8 @@ def test_without_remember_a_second_identical_call_is_asked_again(tmp_path: Path)
         assert cli("approve", "--approval-dir", str(adir), pid).returncode == 0
         assert recv_id(vp, 1)["result"]["isError"] is False
         call(vp, 2, "send_email", {"to": "new@example.org"})
+        assert recv_id(vp, 2)["result"]["isError"] is False
+        call(vp, 3, "send_email", {"to": "other@example.org"})
         assert len(wait_pending(adir)) == 1
     finally:
         vp.kill()
