@@ -204,3 +204,21 @@ def test_expired_requests_left_by_a_killed_visor_are_swept_at_start(tmp_path) ->
     (adir / f"{old.id}.answer").write_text("{}")
     DirectoryChannel(adir)
     assert sorted(p.name for p in adir.iterdir()) == [f"{fresh.id}.pending"]
+
+
+@pytest.mark.parametrize(
+    ("rule", "said", "never"),
+    [
+        ("provenance.unknown_destination", "has not appeared", None),
+        ("provenance.untrusted_output_ask", "tool output showed it", "has not appeared"),
+        ("provenance.third_party_output", "whoever wrote the record", "has not appeared"),
+        ("provenance.index_full", "cannot tell", "has not appeared"),
+    ],
+)
+def test_the_question_says_where_the_destination_came_from_as_the_rule_knows_it(
+    rule: str, said: str, never: str | None
+) -> None:
+    text = model.describe(_req(rule=rule))
+    assert said in text
+    if never is not None:
+        assert never not in text

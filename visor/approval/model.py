@@ -267,6 +267,32 @@ def render_arguments(
     return lines, hidden_total
 
 
+def _provenance_line(rule: str) -> str:
+    """Where the destination came from, as the deciding rule knows it: never a
+    claim the rule did not check (the reason names the tool and field)."""
+    if rule == "provenance.untrusted_output_ask":
+        return (
+            "Where it came from: this session's tool output showed it (see Why). An address that "
+            "output shows may have been planted there: approve only if you know this recipient."
+        )
+    if rule == "provenance.third_party_output":
+        return (
+            "Where it came from: a field of the tool output that whoever wrote the record fills in "
+            "(such as a mail's sender). Approve only if you know this recipient."
+        )
+    if rule == "provenance.index_full":
+        return (
+            "Where it came from: it is trusted by domain or prefix, but Visor's record of this "
+            "session's output is full and cannot tell whether output showed it."
+        )
+    if rule.startswith("provenance."):
+        return (
+            "Where it came from: the agent's request. It is not a trusted destination, was not approved "
+            "before, and has not appeared in this session's tool output (Visor denies those outright)."
+        )
+    return "Where it came from: the agent's request."
+
+
 def describe(
     req: ApprovalRequest,
     *,
@@ -291,10 +317,7 @@ def describe(
     if req.destination is not None:
         kind, _, value = req.destination.partition(":")
         lines.append(f"Destination: {esc(value or req.destination)} ({esc(kind)}) in argument {argument}.")
-        lines.append(
-            "Where it came from: the agent's request. It is not a trusted destination, was not approved "
-            "before, and has not appeared in this session's tool output (Visor denies those outright)."
-        )
+        lines.append(_provenance_line(req.rule))
     elif argument is not None:
         lines.append(f"Argument in question: {argument}.")
     lines.append(f"Why: {esc(req.reason)} (rule: {esc(req.rule)}).")
