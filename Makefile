@@ -19,6 +19,23 @@ $(NODE_SERVER):
 	command -v npm >/dev/null || { echo "npm is needed for the filesystem reference server (apt-get install npm)"; exit 1; }
 	npm install --silent --no-audit --no-fund --prefix $(VENV)/node @modelcontextprotocol/server-filesystem
 
+# The MCP conformance suite and the stdio-to-HTTP bridge it is run through
+# (tests/conformance/). Pinned, installed into the venv, never globally. Where
+# npm cannot fetch them, say so: the conformance test then skips with the reason.
+CONFORMANCE := $(VENV)/node/node_modules/.bin/conformance
+CONFORMANCE_PACKAGES := @modelcontextprotocol/conformance@0.1.12 supergateway@4.0.0
+
+conformance-tools:
+	@test -x $(CONFORMANCE) -a -x $(VENV)/node/node_modules/.bin/supergateway || \
+	{ command -v npm >/dev/null && npm install --silent --no-audit --no-fund --save-exact \
+		--prefix $(VENV)/node $(CONFORMANCE_PACKAGES); } || \
+	echo "note: npm could not install $(CONFORMANCE_PACKAGES); the conformance test will skip"
+
+# The suite's server scenarios against our conformance server, bridged by
+# supergateway directly and through `visor run`: nothing may be lost through Visor.
+conformance: $(STAMP) conformance-tools
+	$(BIN)/python -m pytest -q -rs tests/conformance
+
 setup: $(STAMP)
 
 # Go, for the differential tests against a real encoding/json server
@@ -30,7 +47,7 @@ go-toolchain:
 		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; }; }; } || \
 		echo "note: go could not be installed; the Go differential tests will skip"
 
-test: $(STAMP) $(NODE_SERVER) go-toolchain
+test: $(STAMP) $(NODE_SERVER) go-toolchain conformance-tools
 	$(BIN)/ruff check visor tests
 	$(BIN)/python -m pytest -q
 
