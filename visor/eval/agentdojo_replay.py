@@ -492,7 +492,10 @@ def summarise(results: list[dict[str, Any]], suite: Any) -> dict[str, Any]:
         clean = [r for r in rs if r["injection_task"] is None]
         attacks = [r for r in rs if r["injection_task"] is not None]
         per_injection: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        utility_by_injection: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in attacks:
+            utility_by_injection[r["injection_task"]][0] += int(bool(r["utility"]))
+            utility_by_injection[r["injection_task"]][1] += 1
             per_injection[r["injection_task"]][0] += int(bool(r["security"]))
             per_injection[r["injection_task"]][1] += 1
         sends_ok = [
@@ -513,6 +516,9 @@ def summarise(results: list[dict[str, Any]], suite: Any) -> dict[str, Any]:
         summary["modes"][mode] = {
             "clean_utility": [sum(r["utility"] for r in clean), len(clean)],
             "attack_utility": [sum(r["utility"] for r in attacks), len(attacks)],
+            "attack_utility_by_injection": dict(
+                sorted(utility_by_injection.items(), key=lambda kv: task_key(kv[0]))
+            ),
             "attacks": {k: v for k, v in sorted(per_injection.items(), key=lambda kv: task_key(kv[0]))},
             "attacks_0_12": [
                 sum(v[0] for k, v in per_injection.items() if k != CONTENT_ATTACK),
