@@ -47,9 +47,10 @@ go-toolchain:
 		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; }; }; } || \
 		echo "note: go could not be installed; the Go differential tests will skip"
 
+# tests/eval needs AgentDojo, which only `make eval` installs: it runs there.
 test: $(STAMP) $(NODE_SERVER) go-toolchain conformance-tools
 	$(BIN)/ruff check visor tests
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/eval
 
 # The demo needs Visor and its runtime dependencies only, not the test extras.
 demo:
@@ -74,6 +75,7 @@ fuzz: $(STAMP)
 # only (the eval extra), never for make test. EVAL_LIMIT=N: the first N user tasks.
 eval: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[eval]'
+	$(BIN)/python -m pytest -q tests/eval
 	$(BIN)/python -m visor.eval.agentdojo_replay
 
 lint: $(STAMP)

@@ -1,6 +1,7 @@
 """The `make eval` harness on one task pair (visor/eval/); the real evidence is `make eval` itself.
 
-AgentDojo is installed only by `make eval` (the `eval` extra), so `make test` skips this file.
+AgentDojo is installed only by `make eval` (the `eval` extra), which runs this file first;
+`make test` leaves it out (`--ignore=tests/eval`).
 """
 
 from __future__ import annotations
