@@ -317,7 +317,11 @@ def approved_destinations_path(args: argparse.Namespace, command: list[str]) -> 
         return pin.with_name(pin.name + ".approved.json")
     from visor.audit.paths import visor_home
 
-    return visor_home() / "approved" / default_audit_path_for(args.server_name, command).with_suffix(".json").name
+    return (
+        visor_home()
+        / "approved"
+        / default_audit_path_for(args.server_name, command).with_suffix(".json").name
+    )
 
 
 def read_pins_json(path: Path) -> dict:  # type: ignore[type-arg]
