@@ -92,7 +92,13 @@ def _list(path: Path, as_json: bool) -> int:
         if type(expires) in (int, float):
             print(f"  expires in {max(0, int(expires - now))} s")
         if rec.get("rememberable"):
-            print("  (approve with --remember to allow the same again for the rest of that session)")
+            if rec.get("destination"):
+                print(
+                    "  (a yes places this destination for the rest of that session; "
+                    "--remember keeps it across restarts too)"
+                )
+            else:
+                print("  (approve with --remember to allow the exact same call again in that session)")
     if not live:
         print(f"no pending approval requests in {path}")
     return 0
@@ -203,7 +209,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     approve.add_argument(
         "--remember",
         action="store_true",
-        help="also approve the same destination (or the exact same call) for the rest of that session",
+        help="a destination: keep it approved across restarts too (any yes places it for the session); "
+        "an approval_required call: allow the exact same call again in that session",
     )
     approve.add_argument(
         "--show",
