@@ -200,3 +200,13 @@ def test_pack_selected_by_server_name() -> None:
 )
 def test_guess_server_name(command: list[str], name: str) -> None:
     assert guess_server_name(command) == name
+
+
+def test_a_scaffolded_policy_states_its_limits() -> None:
+    """An omitted limit means mcp-visor's default (100 calls, one hour): a scaffolded
+    policy for a long-running editor session says what it wants instead."""
+    listing = Listing({"name": "notes"}, "2025-11-25", {}, ({"name": "read_note", "inputSchema": {}},))
+    policy = load_policy_text(render_policy(listing, "notes", ["notes-server"], "/srv"), "scaffold.yaml")
+    assert policy.settings.session_max_calls is None
+    assert policy.settings.session_timeout_seconds is None
+    assert policy.settings.approval_timeout_seconds == 120
