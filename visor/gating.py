@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from visor import redact
+from visor.logs import get_logger
 from visor.policy import paths, readings
 from visor.wire import errors
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from visor.policy.schema import AccessList, Policy
     from visor.session import SessionState
     from visor.wire.message import Message
+
+log = get_logger("visor.gating")
 
 DENIED_REQUEST = errors.INVALID_PARAMS
 DENIED_SERVER_REQUEST = errors.INVALID_REQUEST
@@ -241,6 +244,10 @@ class DataGuard:
         }
         event.update({k: v for k, v in detail.items() if v is not None})
         self._append(event)
+        # the same one line on stderr as a denied tool call (resources, prompts, server requests)
+        from visor.watch import announce
+
+        announce(None, event, log)
 
     # ---------------------------------------------------------- tools/call
     def redact_call(self, msg: Message) -> Message:

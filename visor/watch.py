@@ -156,7 +156,7 @@ def announce(gate: Any, event: dict[str, Any], log: Any) -> None:
         kind = event.get("event")
         common = {
             "server": event.get("server") or "-",
-            "tool": event.get("tool"),
+            "tool": event.get("tool") or event.get("method"),
             "rule": event.get("rule"),
             "reason": _short(event.get("reason")),
         }

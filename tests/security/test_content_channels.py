@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import VisorProcess
@@ -131,6 +132,11 @@ def test_a_prompt_argument_naming_a_sensitive_file_is_refused(tmp_path: Path) ->
             resp = vp.recv()
             assert resp["error"]["code"] == -32602, resp
             assert "hunter2" not in json.dumps(resp)
+        # the operator sees it too: one line on stderr, as for a denied tool call
+        deadline = time.monotonic() + 10
+        while "prompt.sensitive" not in vp.stderr and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "prompt.sensitive" in vp.stderr and "prompts/get" in vp.stderr
         # an ordinary file is read as before
         plain = tmp_path / "notes.txt"
         plain.write_text("plain notes")
