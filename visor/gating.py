@@ -108,7 +108,7 @@ def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
             forms = paths.forms(uri)
         except paths.PathError as e:
             return _decision("deny", "resource.invalid", f"resource URI cannot be checked: {e}")
-        extra = policy.settings.sensitive_paths + policy.redaction.sensitive_files
+        extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
         for form in forms:
             if paths.is_sensitive(form, extra):
                 return _decision(
@@ -143,7 +143,7 @@ def prompt_arguments_decision(policy: Policy, arguments: dict[str, Any]) -> Deci
     model as surely as a tool does: its arguments get the tool arguments'
     path and sensitive-file checks (Visor's own files are checked by the gate).
     """
-    extra = policy.settings.sensitive_paths + policy.redaction.sensitive_files
+    extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
     candidates: list[dict[str, Any]] = [arguments]
     try:
         decoded = readings.every_decoding(arguments)
