@@ -68,7 +68,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     try:
         win = window(args.since, args.until)
     except ValueError as exc:
-        print(f"visor audit show: bad --since/--until: {exc}", file=sys.stderr)
+        print(f"visor audit show: {exc}", file=sys.stderr)
         return 2
     records: list[dict] = []  # type: ignore[type-arg]
     malformed = 0
@@ -118,7 +118,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         win = window(args.since, args.until)
     except ValueError as exc:
-        print(f"visor report: bad --since/--until: {exc}", file=sys.stderr)
+        print(f"visor report: {exc}", file=sys.stderr)
         return 2
     targets = _targets(args, "legacy_files")
     if not targets:
@@ -146,6 +146,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+_SINCE_HELP = "from this time on: 30m, 1h, 2d, 1w ago, YYYY-MM-DD, or an ISO date-time (UTC if no offset)"
+_UNTIL_HELP = "before this time: 30m, 1h, 2d ago, YYYY-MM-DD (that day included), or an ISO date-time"
 _FILES_HELP = "audit logs (default: every log under $VISOR_HOME/audit/, one per server)"
 
 
@@ -190,10 +192,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--verdict", metavar="V", action="append", help="event(s) to show, e.g. deny or allow,ask"
     )
     show.add_argument("--tool", metavar="T")
-    show.add_argument(
-        "--since", metavar="WHEN", help="1h, 30m, 2d, YYYY-MM-DD or ISO date-time (UTC if no offset)"
-    )
-    show.add_argument("--until", metavar="WHEN", help="YYYY-MM-DD (inclusive) or ISO date-time")
+    show.add_argument("--since", metavar="WHEN", help=_SINCE_HELP)
+    show.add_argument("--until", metavar="WHEN", help=_UNTIL_HELP)
     show.add_argument("--all", action="store_true", help="every event, not only verdicts")
     show.add_argument("--json", action="store_true", help="full records as JSON lines (includes arguments)")
     show.set_defaults(func=cmd_show)
@@ -221,7 +221,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("files", nargs="*", metavar="FILE", help=_FILES_HELP)
     report.add_argument("--audit", dest="legacy_files", action="append", help=argparse.SUPPRESS)
     report.add_argument("--policy", metavar="FILE", help="the policy to describe (default: from the log)")
-    report.add_argument("--since", metavar="WHEN", help="1h, 30m, 2d, YYYY-MM-DD or ISO date-time")
-    report.add_argument("--until", metavar="WHEN")
+    report.add_argument("--since", metavar="WHEN", help=_SINCE_HELP)
+    report.add_argument("--until", metavar="WHEN", help=_UNTIL_HELP)
     report.add_argument("-o", "--output", metavar="FILE.md", help="output file (default: stdout)")
     report.set_defaults(func=cmd_report)

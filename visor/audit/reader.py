@@ -7,6 +7,7 @@ verify's job; the report states verify's result next to the numbers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,24 +33,55 @@ class Window:
         return (self.since is None or when >= self.since) and (self.until is None or when < self.until)
 
 
-def parse_time(text: str, *, end_of_day: bool = False) -> datetime:
-    """`YYYY-MM-DD` or an ISO 8601 date-time; naive means UTC.
+# `30m`, `1h`, `2d`, `1w`, `90s`, or several together (`1h30m`): that long before now.
+_RELATIVE = re.compile(r"(?:\d+[smhdw])+")
+_PART = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_FORMS = "a duration before now (30m, 1h, 2d, 1w, 1h30m), a date (2026-05-04) or an ISO date-time (2026-05-04T09:30:00Z)"
 
-    With `end_of_day`, a bare date means the whole day is included (used for --until).
+
+def parse_time(text: str, *, end_of_day: bool = False, now: datetime | None = None) -> datetime:
+    """A relative time (`30m`, `1h`, `2d`: that long before `now`), `YYYY-MM-DD` or an ISO 8601 date-time.
+
+    A date-time without an offset means UTC. With `end_of_day`, a bare date
+    means the whole day is included (used for --until). Anything else raises
+    ValueError naming the value and the accepted forms.
     """
     text = text.strip()
-    if len(text) == 10:
-        day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
-        return day + timedelta(days=1) if end_of_day else day
-    when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    compact = text.replace(" ", "").lower()
+    try:
+        if _RELATIVE.fullmatch(compact):
+            delta = timedelta()
+            for amount, unit in _PART.findall(compact):
+                delta += timedelta(**{_UNITS[unit]: int(amount)})
+            return (now or datetime.now(UTC)) - delta
+        if len(text) == 10:
+            day = datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+            return day + timedelta(days=1) if end_of_day else day
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (ValueError, OverflowError):
+        raise ValueError(f"{text!r} is not a time: use {_FORMS}") from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def window(since: str | None, until: str | None) -> Window:
-    return Window(
-        parse_time(since) if since else None,
-        parse_time(until, end_of_day=True) if until else None,
-    )
+def window(since: str | None, until: str | None, *, now: datetime | None = None) -> Window:
+    """The records between `since` (inclusive) and `until` (exclusive); either may be absent.
+
+    Both are read against one `now`, so `--since 2h --until 1h` is exactly an hour.
+    """
+    now = now or datetime.now(UTC)
+    start = _named("--since", since, now=now) if since else None
+    end = _named("--until", until, now=now, end_of_day=True) if until else None
+    if start is not None and end is not None and start >= end:
+        raise ValueError(f"--since {since} is not before --until {until}: no record could match")
+    return Window(start, end)
+
+
+def _named(option: str, text: str, *, now: datetime, end_of_day: bool = False) -> datetime:
+    try:
+        return parse_time(text, end_of_day=end_of_day, now=now)
+    except ValueError as exc:
+        raise ValueError(f"{option} {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
