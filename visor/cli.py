@@ -151,6 +151,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.policy and not args.no_checks:
+        from visor.migrate.detect import bouncer_hint
+
+        # The loader would refuse it by its first tool name ("unknown key"); say what it is instead.
+        hint = bouncer_hint(args.policy)
+        if hint is not None:
+            print(f"visor run: policy refused: {hint}", file=sys.stderr)
+            return 1
     return run_command(args, command)
 
 

@@ -1,4 +1,4 @@
-"""The `visor init`, `visor policy scaffold` and `visor doctor` subcommands."""
+"""The `visor init`, `visor policy` (scaffold, lint, import) and `visor doctor` subcommands."""
 
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     policy = add_command(
         subparsers,
         "policy",
-        "policy helpers: scaffold",
-        "Helpers for writing a policy.",
+        "policy helpers: scaffold, lint, import",
+        "Helpers for writing a policy: scaffold one from a live server, lint one, import one "
+        "written for mcp-bouncer or mcp-visor.",
         "visor policy scaffold --server-name time -o ~/.visor/time.yaml -- uvx mcp-server-time",
     )
     actions = policy.add_subparsers(dest="policy_action", metavar="ACTION")
@@ -82,6 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     scaffold.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
     scaffold.set_defaults(func=_scaffold)
+    from visor.migrate.commands import add_import
+    from visor.policy.commands import add_lint
+
+    add_lint(actions, "lint", "visor policy lint")
+    add_import(actions)
     policy.set_defaults(func=lambda args: _usage(policy))
 
     doctor = add_command(

@@ -1,4 +1,4 @@
-"""The `visor lint`, `visor pins` and `visor attest` subcommands. Results go to stdout,
+"""The `visor lint` (also `visor policy lint`), `visor pins` and `visor attest` subcommands. Results go to stdout,
 problems to stderr; the CLI calls ``register`` to add them."""
 
 from __future__ import annotations
@@ -14,17 +14,7 @@ from visor.policy.lint import findings_json, lint_file
 def register(subparsers: argparse._SubParsersAction) -> None:
     from visor.cli import add_command
 
-    lint = add_command(
-        subparsers,
-        "lint",
-        "check a policy file: errors, then what loads but is probably wrong",
-        "Check a policy: errors (file, line and key) first, then what loads but is probably wrong.",
-        "visor lint ~/.visor/time.yaml",
-    )
-    lint.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
-    lint.add_argument("--json", action="store_true", help="print findings as JSON")
-    lint.add_argument("file", help="the policy YAML file")
-    lint.set_defaults(func=run_lint)
+    add_lint(subparsers, "lint", "visor lint")
 
     pins = add_command(
         subparsers,
@@ -40,6 +30,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pins.set_defaults(func=run_pins)
 
     add_attest(subparsers, "attest", "visor attest")
+
+
+def add_lint(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:  # type: ignore[type-arg]
+    """The lint command (`visor lint`, and `visor policy lint` in the policy group)."""
+    from visor.cli import add_command
+
+    lint = add_command(
+        subparsers,
+        name,
+        "check a policy file: errors, then what loads but is probably wrong",
+        "Check a policy: errors (file, line and key) first, then what loads but is probably wrong. "
+        "--no-warnings and --no-info take mcp-visor's lint options: they hide findings, never errors.",
+        f"{prog} ~/.visor/time.yaml\n  {prog} --no-warnings policy.yaml",
+    )
+    lint.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    lint.add_argument("--json", action="store_true", help="print findings as JSON")
+    lint.add_argument(
+        "--no-warnings", action="store_true", help="show errors only (not with --strict, as in mcp-visor)"
+    )
+    lint.add_argument(
+        "--no-info",
+        action="store_true",
+        help="hide informational findings (as in mcp-visor; Visor's lint has none today, so this changes nothing)",
+    )
+    lint.add_argument("file", help="the policy YAML file")
+    lint.set_defaults(func=run_lint, lint_prog=prog)
 
 
 def add_attest(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:
@@ -70,16 +86,30 @@ def add_attest(subparsers: argparse._SubParsersAction, name: str, prog: str) -> 
 
 
 def run_lint(args: argparse.Namespace) -> int:
+    prog = getattr(args, "lint_prog", "visor lint")
+    if args.strict and args.no_warnings:
+        # --strict fails on warnings that --no-warnings would hide: which one is meant is unclear
+        print(f"{prog}: --strict and --no-warnings contradict each other; give one", file=sys.stderr)
+        return 2
     _policy, findings = lint_file(args.file)
+    if _policy is None:
+        from visor.migrate.detect import bouncer_hint
+
+        hint = bouncer_hint(args.file)
+        if hint is not None:
+            print(f"{prog}: {hint}", file=sys.stderr)
     errors = [f for f in findings if f.level == "error"]
     warnings = [f for f in findings if f.level == "warning"]
+    if args.no_warnings:
+        findings = errors
     if args.json:
         print(json.dumps(findings_json(args.file, findings), indent=2))
     else:
         for f in findings:
             print(f.render(args.file))
         if not findings:
-            print(f"{args.file}: ok")
+            hidden = f" ({len(warnings)} warning(s) hidden by --no-warnings)" if warnings else ""
+            print(f"{args.file}: ok{hidden}")
     if errors or (args.strict and warnings):
         return 1
     return 0
