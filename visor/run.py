@@ -202,6 +202,7 @@ def measure_invocation(command: list[str], positions: tuple[int, ...]) -> tuple[
 
 
 def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
+    from visor.audit.signing import signer_from_args
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.pinfile import read_pins, write_pins
     from visor.policy.loader import PolicyError, load_default_policy, load_policy
@@ -269,6 +270,7 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
                 session=new_session_id(),
                 max_bytes=args.audit_max_bytes,
                 durable=not args.unsafe_no_fsync,
+                signer=signer_from_args(args),  # --signing-key: signed checkpoints (visor/audit/signing.py)
             )
             break
         except AuditLogBusy as exc:
@@ -337,7 +339,7 @@ def read_pins_json(path: Path) -> dict:  # type: ignore[type-arg]
 def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     """Visor's own files, which no tool call may name (visor/approval/protected.py)."""
     from visor.approval.directory import default_dir
-    from visor.approval.protected import Protected
+    from visor.approval.protected import Protected, signing_key_dir, signing_key_files
     from visor.audit.paths import audit_dir, visor_home
     from visor.install.configs import home_dir, protected_config_paths
 
@@ -354,6 +356,9 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     # The client configs that put Visor in front of this server: a write to
     # one would take Visor out of the chain for the next session.
     files.extend(protected_config_paths(home_dir(), Path.cwd()))
+    # The audit signing key: whoever reads it can sign a rewritten log (visor/approval/protected.py).
+    dirs.append(signing_key_dir())
+    files.extend(signing_key_files(getattr(args, "signing_key", None)))
     return Protected.of(dirs, files)
 
 

@@ -26,6 +26,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -171,6 +172,28 @@ class Protected:
                     return False
                 path = parent
         return False
+
+
+def signing_key_dir() -> Path:
+    """Where `visor audit keygen` keeps keys ($VISOR_HOME/keys): protected in every session,
+    since another server's Visor may sign with a key kept there."""
+    from visor.audit.paths import visor_home
+
+    return visor_home() / "keys"
+
+
+def signing_key_files(key: str | os.PathLike[str] | None) -> list[Path]:
+    """The private key `visor run --signing-key` signs checkpoints with, and the public key
+    beside it (`NAME.key` -> `NAME.pub`). A tool that reads the private key can sign a
+    rewritten log; one that replaces the public key a reviewer verifies with can make a
+    forged checkpoint pass. (`NAME.key.*` siblings are covered as for every protected file.)"""
+    if not key:
+        return []
+    path = Path(os.path.expanduser(os.fspath(key)))
+    files = [path]
+    if path.suffix == ".key":
+        files.append(path.with_suffix(".pub"))
+    return files
 
 
 def _names_bare(text: str, bare: frozenset[str]) -> bool:

@@ -1,4 +1,8 @@
-"""CLI subcommands `visor audit verify|show|repair` and `visor report`.
+"""CLI subcommands `visor audit verify|show|repair|keygen|export` and `visor report`.
+
+Also the `visor run` options of the audit writer's signed checkpoints
+(`--signing-key`, `--checkpoint-every`, `--checkpoint-seconds`), registered on
+the run parser here so that the audit package owns them.
 
 `register(subparsers)` is called by visor/cli.py; every leaf sets
 `func=(args) -> int`.  These commands print to stdout: they are not the proxy.
@@ -33,10 +37,20 @@ def _no_logs(command: str) -> None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from visor.audit.verify import verify_path
 
+    keys = []
+    if args.key:
+        from visor.audit.signing import SigningError, load_public_key
+
+        try:
+            keys = [load_public_key(k) for k in args.key]
+        except SigningError as exc:
+            print(f"visor audit verify: {exc}", file=sys.stderr)
+            return 2
     targets = _targets(args, "legacy_files")
     if not targets:
         _no_logs("visor audit verify")
-        return 0
+        # Asked to vouch for signed evidence and there is none: that is not a pass.
+        return 1 if keys else 0
     status = 0
     for target in targets:
         files = chain_files(target)
@@ -46,7 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             continue
         # A live file deleted next to its rotated files, or a rotated file missing
         # from the middle, fails here by name (verify_path checks the files first).
-        report = verify_path(target, head=args.head)
+        report = verify_path(target, head=args.head, keys=keys)
         print(report.summary())
         if not report.ok:
             status = max(status, 1)
@@ -95,6 +109,27 @@ def cmd_show(args: argparse.Namespace) -> int:
         if malformed:
             note += f"; {malformed} malformed line(s) skipped (run `visor audit verify`)"
         print(note, file=sys.stderr)
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from visor.audit.signing import SigningError, generate
+
+    try:
+        pair = generate(args.out, args.name)
+    except SigningError as exc:
+        print(f"visor audit keygen: {exc}", file=sys.stderr)
+        return 1
+    print(f"private key: {pair.private}  (mode 0600: only `visor run --signing-key` reads it)")
+    print(f"public key:  {pair.public}")
+    print(f"fingerprint: {pair.key_id}")
+    print(pair.public_pem, end="")
+    print(
+        f"Sign with:   visor run --signing-key {pair.private} ...\n"
+        f"Verify with: visor audit verify --key {pair.public}\n"
+        "Keep a copy of the public key where the agent cannot write (a ticket, a repository, another machine).",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -176,7 +211,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     verify.add_argument(
         "--head", metavar="HASH", help="a hash recorded earlier that must still be in the chain"
     )
+    verify.add_argument(
+        "--key",
+        metavar="PUB",
+        action="append",
+        help="public key (.pub from `visor audit keygen`): every checkpoint must be signed by it (or by "
+        "another --key) and the log must end signed; prints the last signed position",
+    )
     verify.set_defaults(func=cmd_verify)
+
+    keygen = add_command(
+        actions,
+        "keygen",
+        "make an Ed25519 key pair for signed checkpoints",
+        "Write a private key (mode 0600, in a 0700 folder) for `visor run --signing-key` and its public "
+        "key for `visor audit verify --key`. Never overwrites a key. Needs the 'sign' extra.",
+        "visor audit keygen\n  visor audit keygen --out ~/.visor/keys --name laptop",
+    )
+    keygen.add_argument("--out", metavar="DIR", help="folder for the key pair (default: $VISOR_HOME/keys)")
+    keygen.add_argument(
+        "--name", metavar="NAME", default="audit-signing", help="file name stem: NAME.key and NAME.pub"
+    )
+    keygen.set_defaults(func=cmd_keygen)
 
     show = add_command(
         actions,
@@ -225,3 +281,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--until", metavar="WHEN", help=_UNTIL_HELP)
     report.add_argument("-o", "--output", metavar="FILE.md", help="output file (default: stdout)")
     report.set_defaults(func=cmd_report)
+
+    run = subparsers.choices.get("run")
+    if run is not None:
+        _add_run_signing(run)
+
+
+def _add_run_signing(run: argparse.ArgumentParser) -> None:
+    from visor.audit.signing import DEFAULT_EVERY, DEFAULT_SECONDS
+
+    group = run.add_argument_group("signed checkpoints (the 'sign' extra)")
+    group.add_argument(
+        "--signing-key",
+        metavar="KEY",
+        default=os.environ.get("VISOR_SIGNING_KEY") or None,
+        help="sign checkpoint records with this Ed25519 private key (`visor audit keygen`); "
+        "default: $VISOR_SIGNING_KEY. Visor refuses to start if it cannot use it",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        metavar="N",
+        type=_count,
+        default=DEFAULT_EVERY,
+        help=f"a checkpoint after every N records (default {DEFAULT_EVERY}; 0: only by time)",
+    )
+    group.add_argument(
+        "--checkpoint-seconds",
+        metavar="S",
+        type=_seconds,
+        default=DEFAULT_SECONDS,
+        help=f"a checkpoint S seconds after the first unsigned record (default {DEFAULT_SECONDS:g}; "
+        "0: only by count); one more at every rotation and clean exit",
+    )
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError("must be between 0 and 86400 seconds")
+    return value

@@ -45,6 +45,7 @@ EVENTS: frozenset[str] = frozenset(
         "audit_open",
         "result",
         "audit_repair",
+        "checkpoint",
     }
 )
 # Events that are a verdict on a call; `show` lists these by default.

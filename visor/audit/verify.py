@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from visor.audit.paths import chain_files, rotated_files
 from visor.audit.record import GENESIS, Parsed, RecordError, parse_line
+
+if TYPE_CHECKING:
+    from visor.audit.checkpoints import SignedSummary
+    from visor.audit.signing import PublicKey
 
 # How far ahead to look for a missing seq to tell "reordered" from "deleted".
 _LOOKAHEAD = 1000
@@ -64,7 +69,7 @@ class Problem:
     line: int
     offset: int
     reason: str
-    kind: str  # "truncated", "corrupt", "foreign", "edited", "link", "anchor"
+    kind: str  # "truncated", "corrupt", "foreign", "edited", "link", "anchor", "signature", "unsigned"
     parsed: bool  # the bad line is itself a well-formed record (only its link is wrong)
 
     def __str__(self) -> str:
@@ -83,6 +88,7 @@ class ChainReport:
     sessions: int
     problem: Problem | None
     notes: tuple[str, ...]
+    signed: SignedSummary | None = None  # with --key: the checkpoints found
 
     @property
     def ok(self) -> bool:
@@ -90,6 +96,8 @@ class ChainReport:
 
     def summary(self) -> str:
         if self.problem is not None:
+            if self.signed is not None:
+                return f"FAIL {self.problem} ({self.signed.text()})"
             return f"FAIL {self.problem}"
         names = ", ".join(p.name for p in self.files)
         if not self.records:
@@ -98,6 +106,8 @@ class ChainReport:
             f"OK {self.records} records, seq {self.first_seq}..{self.last_seq}, "
             f"{self.sessions} session(s), {len(self.files)} file(s) [{names}], head {self.head}"
         )
+        if self.signed is not None:
+            text += f"; {self.signed.text()}"
         return text + "".join(f"; {n}" for n in self.notes)
 
 
@@ -235,11 +245,22 @@ def _chain_lines(files: list[Path]) -> Iterator[Line]:
         yield from iter_lines(path)
 
 
-def verify_files(files: list[Path], *, head: str | None = None) -> ChainReport:
-    """Verify `files` as one chain, in the order given."""
+def verify_files(
+    files: list[Path], *, head: str | None = None, keys: Sequence[PublicKey] = ()
+) -> ChainReport:
+    """Verify `files` as one chain, in the order given.
+
+    With `keys`, every checkpoint must be signed by one of them for this log,
+    and the chain must end signed (visor/audit/checkpoints.py).
+    """
     walker = _Walker()
     notes: list[str] = []
     problem: Problem | None = None
+    check = None
+    if keys:
+        from visor.audit.checkpoints import CheckpointCheck, live_name
+
+        check = CheckpointCheck(keys, live_name(files[-1]) if files else "")
     lines = _chain_lines(files)
     for line in lines:
         parsed, problem = walker.feed(line)
@@ -247,12 +268,23 @@ def verify_files(files: list[Path], *, head: str | None = None) -> ChainReport:
             if parsed is not None and walker.last is not None and parsed.seq > walker.last.seq + 1:
                 problem = _reclassify_gap(problem, walker.last.seq + 1, lines)
             break
+        if check is not None and parsed is not None:
+            why = check.feed(parsed)
+            if why is not None:
+                problem = Problem(line.path, line.number, line.offset, why, "signature", True)
+                break
     if problem is None and walker.first is not None and walker.first.prev != GENESIS:
         notes.append(f"starts at seq {walker.first.seq}: earlier rotated files are not present")
     if problem is None and head is not None and head not in walker.hashes_seen:
         where = files[-1] if files else Path("-")
         reason = f"anchor {head} is not in the log: records were cut from the end or the log was rewritten"
         problem = Problem(where, 0, 0, reason, "anchor", False)
+    if problem is None and check is not None and files:
+        why, note = check.end_problem(files)
+        if why is not None:
+            problem = Problem(files[-1], 0, 0, why, "unsigned", False)
+        if note is not None:
+            notes.append(note)
     return ChainReport(
         files=tuple(files),
         records=walker.count,
@@ -262,10 +294,11 @@ def verify_files(files: list[Path], *, head: str | None = None) -> ChainReport:
         sessions=len(walker.sessions),
         problem=problem,
         notes=tuple(notes),
+        signed=check.summary() if check is not None else None,
     )
 
 
-def verify_path(path: Path, *, head: str | None = None) -> ChainReport:
+def verify_path(path: Path, *, head: str | None = None, keys: Sequence[PublicKey] = ()) -> ChainReport:
     """Verify the chain a path belongs to (a live file brings its rotated files).
 
     The files themselves are checked first: a rotated file missing from the
@@ -276,7 +309,7 @@ def verify_path(path: Path, *, head: str | None = None) -> ChainReport:
     problem = structure_problem(path)
     if problem is not None:
         return ChainReport(tuple(files), 0, None, None, None, 0, problem, ())
-    return verify_files(files, head=head)
+    return verify_files(files, head=head, keys=keys)
 
 
 def first_problem(path: Path) -> Problem | None:

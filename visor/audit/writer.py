@@ -23,17 +23,21 @@ import fcntl
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from visor import __version__
 from visor.audit import record as rec
 from visor.audit.paths import default_audit_path, lock_path, next_rotated_name, rotated_files
 from visor.audit.tail import TailTooLong, read_first_line, read_tail
 from visor.audit.verify import link_problem
+
+if TYPE_CHECKING:
+    from visor.audit.signing import Signer
 
 __all__ = [
     "AuditError",
@@ -263,6 +267,7 @@ class AuditWriter:
         fsync: Callable[[int], None],
         write: Callable[[int, bytes | memoryview], int],
         clock: Callable[[], str],
+        signer: Signer | None = None,
     ) -> None:
         self._path = path
         self._fd = fd
@@ -285,6 +290,12 @@ class AuditWriter:
         self._records = self._commits = self._writes = self._fsyncs = 0
         self._largest = self._bytes = self._rotations = 0
         self._next_rotation = int(next_rotated_name(path).name.rsplit(".", 1)[1])
+        # Signed checkpoints (visor/audit/signing.py): records stamped since the
+        # last one, and when the time trigger falls due (time.monotonic()).
+        self._signer = signer
+        self._unsigned = 0
+        self._checkpoint_due = float("inf")
+        self._checkpoints = 0
         self._thread = threading.Thread(target=self._run, name=f"visor-audit:{path.name}", daemon=True)
 
     # ---------------------------------------------------------------- opening
@@ -300,11 +311,15 @@ class AuditWriter:
         fsync: Callable[[int], None] | None = None,
         write: Callable[[int, bytes | memoryview], int] | None = None,
         clock: Callable[[], str] | None = None,
+        signer: Signer | None = None,
         _lock_fd: int | None = None,
     ) -> AuditWriter:
         """Open (or create) the log, check its tail, continue its chain, write `audit_open`.
 
         `fsync` and `write` replace os.fdatasync / os.write for fault-injection tests.
+        With a `signer`, a signed `checkpoint` record follows every `signer.every`
+        records, `signer.seconds` after the first record it would cover, before
+        each rotation, and at close.
         """
         path = Path(path)
         if max_bytes is not None and max_bytes <= 0:
@@ -340,6 +355,7 @@ class AuditWriter:
                 fsync=fsync or _default_fsync,
                 write=write or os.write,
                 clock=clock or rec.utc_timestamp,
+                signer=signer,
             )
             writer._write_open_record(rotated_from)
         except BaseException:
@@ -388,6 +404,12 @@ class AuditWriter:
     @property
     def session(self) -> str:
         return self._session
+
+    @property
+    def checkpoints(self) -> int:
+        """Signed checkpoints stamped by this writer."""
+        with self._cond:
+            return self._checkpoints
 
     @property
     def stats(self) -> AuditStats:
@@ -446,7 +468,31 @@ class AuditWriter:
         self._seq += 1
         self._prev = enc.record["hash"]
         self._size += len(enc.line)
+        if self._signer is not None:
+            self._unsigned += 1
+            if self._unsigned == 1 and self._signer.seconds:
+                self._checkpoint_due = time.monotonic() + self._signer.seconds
         return enc
+
+    def _queue_checkpoint(self, reason: str) -> None:
+        """Sign the position reached and queue the checkpoint; caller holds the lock.
+
+        The signature covers this record's own seq, prev and ts, so those are
+        fixed here, under the lock that orders the chain, and then stamped.
+        """
+        assert self._signer is not None
+        ts = self._clock()
+        event = self._signer.checkpoint(
+            log=self._path.name, seq=self._seq, prev=self._prev, ts=ts, reason=reason
+        )
+        enc = rec.build(event, session=self._session, seq=self._seq, prev=self._prev, ts=ts)
+        self._seq += 1
+        self._prev = enc.record["hash"]
+        self._size += len(enc.line)
+        self._unsigned = 0
+        self._checkpoint_due = float("inf")
+        self._checkpoints += 1
+        self._queue.append(_Pending(enc.line, enc.record, None, None))
 
     def _enqueue(
         self,
@@ -461,6 +507,8 @@ class AuditWriter:
                 raise AuditUnhealthy(f"{self._path}: the audit writer is closed")
             enc = self._stamp(event)
             self._queue.append(_Pending(enc.line, enc.record, future, loop))
+            if self._signer is not None and self._signer.every and self._unsigned >= self._signer.every:
+                self._queue_checkpoint("interval")
             if self._max_bytes is not None and self._size >= self._max_bytes:
                 self._queue_rotation()
             self._cond.notify()
@@ -469,6 +517,8 @@ class AuditWriter:
     def _queue_rotation(self) -> None:
         # Numbers are handed out here, in queue order, so a rotation still waiting
         # in the queue and the next one can never be promised the same name.
+        if self._signer is not None and self._unsigned:
+            self._queue_checkpoint("rotate")  # every rotated file ends signed
         target = self._path.with_name(f"{self._path.name}.{self._next_rotation}")
         self._next_rotation += 1
         self._queue.append(_Rotate(target))
@@ -478,6 +528,10 @@ class AuditWriter:
 
     def _begin_close(self) -> None:
         with self._cond:
+            if self._signer is not None and self._healthy and not self._closing:
+                # A clean end is signed: a log that stops anywhere else was cut,
+                # or its writer died (docs/audit-format.md, "Signed checkpoints").
+                self._queue_checkpoint("close")
             self._closing = True
             self._cond.notify()
 
@@ -488,7 +542,9 @@ class AuditWriter:
             while True:
                 with self._cond:
                     if not self._queue and not self._closing:
-                        self._cond.wait(timeout=IDLE_SYNC_SECONDS if self._dirty else None)
+                        self._cond.wait(timeout=self._wait_timeout())
+                    if time.monotonic() >= self._checkpoint_due and self._healthy and not self._closing:
+                        self._queue_checkpoint("time")
                     batch, self._queue = self._queue, []
                     closing = self._closing
                 if batch:
@@ -500,6 +556,14 @@ class AuditWriter:
         finally:
             os.close(self._fd)
             os.close(self._lock_fd)  # releases the flock
+
+    def _wait_timeout(self) -> float | None:
+        """How long the idle thread may sleep: until an fsync or a checkpoint falls due."""
+        timeout = IDLE_SYNC_SECONDS if self._dirty else None
+        if self._checkpoint_due != float("inf"):
+            left = max(0.0, self._checkpoint_due - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
+        return timeout
 
     def _process(self, batch: list[_Pending | _Rotate]) -> None:
         segment: list[_Pending] = []
