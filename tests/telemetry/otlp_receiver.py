@@ -59,7 +59,7 @@ def otlp_receiver() -> Iterator[tuple[str, Received]]:
     received = Received()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             received.paths.append(self.path)
             if self.path == "/v1/traces":

@@ -94,6 +94,8 @@ def test_a_collector_that_is_down_never_raises(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
     tel = telemetry.start(server="s", session="x")
-    tel.gated(method="tools/call", tool="t", verdict="allow", rule="r", start_ns=1, end_ns=2, evaluation_s=None)
+    tel.gated(
+        method="tools/call", tool="t", verdict="allow", rule="r", start_ns=1, end_ns=2, evaluation_s=None
+    )
     tel.shutdown()
     tel.shutdown()

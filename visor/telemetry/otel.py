@@ -74,9 +74,13 @@ class OpenTelemetry:
         self._commit = meter.create_histogram(
             "visor.audit.commit.duration", unit="s", description="From queuing an allow's record to its fsync"
         )
-        self._fsync = meter.create_histogram("visor.audit.fsync.duration", unit="s", description="One audit fsync")
+        self._fsync = meter.create_histogram(
+            "visor.audit.fsync.duration", unit="s", description="One audit fsync"
+        )
         self._pending = meter.create_up_down_counter(
-            "visor.approvals.pending", unit="{approval}", description="Approval questions waiting for an answer"
+            "visor.approvals.pending",
+            unit="{approval}",
+            description="Approval questions waiting for an answer",
         )
         self._index_size: Callable[[], int] | None = None
         meter.create_observable_gauge(
@@ -147,5 +151,5 @@ class OpenTelemetry:
             self._tracer_provider.shutdown()
             self._meter_provider.force_flush(_SHUTDOWN_MILLIS)
             self._meter_provider.shutdown(timeout_millis=_SHUTDOWN_MILLIS)
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks the relay
+        except Exception as exc:
             get_logger("visor.telemetry").warning("telemetry_flush_failed", error=str(exc))
