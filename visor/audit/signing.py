@@ -115,7 +115,8 @@ class Signer:
         }
 
 
-def _read_key_file(path: Path, what: str) -> bytes:
+def _read_key_file(path: Path, what: str) -> tuple[bytes, int]:
+    """The file's bytes and its permission bits, read from one open file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -130,7 +131,7 @@ def _read_key_file(path: Path, what: str) -> bytes:
             data = fh.read()
     finally:
         os.close(fd)
-    return data
+    return data, stat.S_IMODE(st.st_mode)
 
 
 def load_signer(path: str | os.PathLike[str], *, every: int, seconds: float) -> Signer:
@@ -139,20 +140,16 @@ def load_signer(path: str | os.PathLike[str], *, every: int, seconds: float) -> 
     if every < 0 or seconds < 0 or (every == 0 and seconds == 0):
         raise SigningError("checkpoints need a positive record count or number of seconds")
     ed25519, serialization = _crypto()
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise SigningError(f"signing key {path}: cannot open: {exc.strerror or exc}") from None
-    if mode & 0o077:
-        raise SigningError(
-            f"signing key {path}: permissions {stat.S_IMODE(mode):04o} let others read it, and whoever "
-            f"reads it can sign a rewritten log; run: chmod 600 {path}"
-        )
-    data = _read_key_file(path, "signing key")
-    from cryptography.exceptions import UnsupportedAlgorithm
-
+    data, mode = _read_key_file(path, "signing key")
     if b"PUBLIC KEY" in data and b"PRIVATE KEY" not in data:
         raise SigningError(f"signing key {path}: this is a public key; --signing-key takes the private key")
+    if mode & 0o077:
+        raise SigningError(
+            f"signing key {path}: permissions {mode:04o} let others read it, and whoever "
+            f"reads it can sign a rewritten log; run: chmod 600 {path}"
+        )
+    from cryptography.exceptions import UnsupportedAlgorithm
+
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
@@ -173,7 +170,7 @@ def load_signer(path: str | os.PathLike[str], *, every: int, seconds: float) -> 
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     path = Path(os.path.expanduser(os.fspath(path)))
     ed25519, serialization = _crypto()
-    data = _read_key_file(path, "public key")
+    data, _ = _read_key_file(path, "public key")
     if b"PRIVATE KEY" in data:
         raise SigningError(
             f"public key {path}: this is a private key; verify with the public key (the .pub file "
