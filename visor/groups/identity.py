@@ -15,6 +15,7 @@ past: a person who starts servers from a terminal is that shell's client.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -83,11 +84,12 @@ def validate_name(name: str) -> str:
 # ------------------------------------------------------------------ processes
 
 
+@functools.cache
 def boot_id() -> str:
     """This boot's id (Linux): a start time in ticks since boot names a process only within one boot."""
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().decode("ascii", "replace").strip()
     except OSError:
         return ""
 

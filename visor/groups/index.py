@@ -27,6 +27,7 @@ from visor.groups.store import (
     ASSERTED,
     ATTRIBUTED,
     DEFAULT_MAX_KEYS,
+    JOIN_TIMEOUT_S,
     KINDS,
     OUTPUT,
     GroupStore,
@@ -70,7 +71,8 @@ class GroupTable(dst.TracingTable):
             dst.TracingTable.add(self, key)
         else:
             dst.DigestTable.add(self, key)
-        if self.count != before or self.saturated:
+        # new here, or dropped at the local bound (the group keeps its own count)
+        if self.count != before or (self.saturated and key not in self):
             self._group._queue(self._kind, key)
 
     def update(self, keys: Iterable[str]) -> None:
@@ -102,10 +104,13 @@ class GroupIndex:
         *,
         max_keys: int = DEFAULT_MAX_KEYS,
         home: Path | None = None,
+        join_timeout: float = JOIN_TIMEOUT_S,
     ) -> GroupIndex:
         """Open (or create) the group's store and register as a member. Never raises."""
         try:
-            store = GroupStore(ident.name, server, max_keys=max_keys, client=ident, home=home)
+            store = GroupStore(
+                ident.name, server, max_keys=max_keys, client=ident, home=home, join_timeout=join_timeout
+            )
         except GroupStoreError as exc:
             reason = f"{type(exc).__name__}: {exc}"
             # The other members must not read our absence as "not seen": tell

@@ -30,6 +30,7 @@ proves nothing, and ``seen`` answers None.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -54,7 +55,9 @@ KINDS = (OUTPUT, ASSERTED, ATTRIBUTED)
 #: Keys the store holds at most (all kinds together), as ``output_index_max_keys``.
 DEFAULT_MAX_KEYS = 1_000_000
 #: How long a per-message read or write waits for a lock before failing closed.
-BUSY_TIMEOUT_S = 0.25
+#: A write holds the lock for a millisecond or two; a second of waiting means a
+#: member is stuck, and a failed write marks the group lost for good.
+BUSY_TIMEOUT_S = 1.0
 #: Joining writes the schema and a member row: it may wait longer than a message.
 JOIN_TIMEOUT_S = 5.0
 #: Groups whose processes are all gone and whose file is older than this are pruned.
@@ -97,7 +100,7 @@ class StoreBusy(GroupStoreError):
 
 
 class StoreFull(GroupStoreError):
-    """The disk (or a file size limit) is full."""
+    """The disk is full (SQLITE_FULL, ENOSPC, a quota)."""
 
 
 class StoreIOError(GroupStoreError):
@@ -129,8 +132,6 @@ def _map_error(exc: BaseException, what: str) -> GroupStoreError:
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
         return StoreCorrupt(text)
     if isinstance(exc, OSError) and exc.errno is not None:
-        import errno
-
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return StoreFull(text)
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -640,6 +641,12 @@ def prune_stale(
 
 
 def _prune_one(db: Path) -> bool:
+    if os.lstat(db).st_size == 0:
+        # created by a member that died before it wrote the schema, hours ago
+        for p in _files_of(db):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        return True
     conn = sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     try:
         # The write lock is held until the files are gone: a member that joins
