@@ -39,7 +39,7 @@ class Entry:
     block: tuple[str, ...]  # where its servers block is: ("mcpServers",), ("projects", P, "mcpServers")
     name: str
     member: Member
-    kind: str  # "stdio" | "wrapped" | "remote" | "other"
+    kind: str  # "stdio" | "wrapped" | "seed" (wrapped by mcp-bouncer or mcp-visor) | "remote" | "other"
     note: str = ""
 
     @property
@@ -57,11 +57,13 @@ class Entry:
             return str(v.get("url", v.get("type", "")))
         if self.kind == "wrapped":
             up = v.get(UPSTREAM_KEY)
-            src = up if isinstance(up, dict) else v
+            src = real_server(up) if isinstance(up, dict) else v
         else:
-            src = v
+            src = real_server(v)
         argv = command_line(src)
         text = shlex.join(argv) if argv else ""
+        if self.kind == "seed":
+            text = f"({self.note}) {text}"
         return text if len(text) <= 90 else text[:87] + "..."
 
 
@@ -90,6 +92,137 @@ def _is_visor_command(entry: dict) -> bool:
     return base in ("visor", "visor.exe") and args[0] == "run"
 
 
+# ---------------------------------------------------- the seeds' wrappers
+
+#: Where mcp-bouncer's `init` keeps the entry it replaced (command, args, env, cwd).
+BOUNCER_KEY = "x-bouncer-upstream"
+# mcp-visor's `serve` flags (Go flag syntax: -name value, -name=value, one or two dashes).
+_MCP_VISOR_VALUE_FLAGS = frozenset(
+    {
+        "server",
+        "server-arg",
+        "session-id",
+        "client-id",
+        "policy",
+        "audit-log",
+        "approval-dir",
+        "server-url",
+        "webhook-url",
+        "siem-target",
+        "vault-addr",
+        "metrics-addr",
+        "otel-endpoint",
+        "trace",
+    }
+)
+_MCP_VISOR_BOOL_FLAGS = frozenset({"approval-cli", "demo", "dashboard"})
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """An entry wrapped by mcp-bouncer or mcp-visor, and the real server inside it."""
+
+    tool: str  # "mcp-bouncer" | "mcp-visor"
+    upstream: dict[str, Any]  # the real server's entry: command, args, env, cwd, other keys
+    policy: str | None  # the wrapper's own policy file, if it named one
+    dropped: tuple[str, ...]  # the wrapper's other options, which Visor does not carry over
+
+
+def _basename(cmd: str) -> str:
+    return cmd.replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+
+def _outer(value: dict, *skip: str) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if k not in ("command", "args", *skip)}
+
+
+def _bouncer_seed(value: dict) -> Seed | str:
+    up = value.get(BOUNCER_KEY)
+    if not isinstance(up, dict) or not isinstance(up.get("command"), str):
+        return f"wrapped by mcp-bouncer, but {BOUNCER_KEY} has no command: restore the entry by hand"
+    args = up.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return f"wrapped by mcp-bouncer, but {BOUNCER_KEY}.args is not a list of strings"
+    # the real entry: bouncer's copy, then what the client entry adds (type, disabled, ...)
+    real = {"command": up["command"], "args": list(args)}
+    real.update({k: v for k, v in up.items() if k not in ("command", "args")})
+    real.update({k: v for k, v in _outer(value, BOUNCER_KEY).items() if k not in real})
+    policy = None
+    dropped: list[str] = []
+    outer_args = value.get("args") if isinstance(value.get("args"), list) else []
+    i = 0
+    while i < len(outer_args):
+        a = str(outer_args[i])
+        if a == "--policy" and i + 1 < len(outer_args):
+            policy = str(outer_args[i + 1])
+            i += 2
+            continue
+        if a.startswith("--policy="):
+            policy = a.split("=", 1)[1]
+        elif a not in ("run",) and a.startswith("-") and a not in ("--upstream-name", "--config"):
+            dropped.append(a)
+        i += 1
+    return Seed("mcp-bouncer", real, policy, tuple(dropped))
+
+
+def _mcp_visor_seed(value: dict) -> Seed | str:
+    args = value.get("args")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        return "wrapped by mcp-visor, but args is not a list of strings"
+    flags: dict[str, list[str]] = {}
+    i = 1
+    while i < len(args):
+        a = args[i]
+        if a == "--" or not a.startswith("-") or a == "-":
+            return f"wrapped by mcp-visor with an argument Visor cannot place ({a!r}): unwrap it by hand"
+        name, eq, val = a.lstrip("-").partition("=")
+        if name in _MCP_VISOR_BOOL_FLAGS:
+            flags.setdefault(name, []).append(val if eq else "true")
+        elif name in _MCP_VISOR_VALUE_FLAGS:
+            if not eq:
+                if i + 1 >= len(args):
+                    return f"wrapped by mcp-visor, but -{name} has no value"
+                i += 1
+                val = args[i]
+            flags.setdefault(name, []).append(val)
+        else:
+            return f"wrapped by mcp-visor with an option Visor does not know (-{name}): unwrap it by hand"
+        i += 1
+    if "server-url" in flags or "demo" in flags:
+        return "wrapped by mcp-visor for a remote server or its demo: not a stdio server Visor can wrap"
+    server = flags.get("server", [""])[-1]
+    if not server:
+        return "wrapped by mcp-visor, but without -server: no server command to wrap"
+    real = {"command": server, "args": list(flags.get("server-arg", []))}
+    real.update(_outer(value))
+    dropped = tuple(f"-{k}" for k in flags if k not in ("server", "server-arg", "policy"))
+    policy = flags["policy"][-1] if "policy" in flags else None
+    return Seed("mcp-visor", real, policy, dropped)
+
+
+def seed_wrapper(value: Any) -> Seed | str | None:
+    """The seed wrapper around an entry (or why it cannot be unwrapped); None if there is none."""
+    if not isinstance(value, dict):
+        return None
+    if BOUNCER_KEY in value:
+        return _bouncer_seed(value)
+    cmd, args = value.get("command"), value.get("args")
+    if (
+        isinstance(cmd, str)
+        and _basename(cmd) in ("mcp-visor", "mcp-visor.exe")
+        and isinstance(args, list)
+        and args[:1] == ["serve"]
+    ):
+        return _mcp_visor_seed(value)
+    return None
+
+
+def real_server(value: Any) -> dict:
+    """The server an entry runs in the end: inside a seed wrapper, the wrapped one."""
+    seed = seed_wrapper(value)
+    return seed.upstream if isinstance(seed, Seed) else value if isinstance(value, dict) else {}
+
+
 def classify(value: Any) -> tuple[str, str]:
     if not isinstance(value, dict):
         return "other", "not an object"
@@ -97,6 +230,11 @@ def classify(value: Any) -> tuple[str, str]:
         return "wrapped", ""
     if _is_visor_command(value):
         return "wrapped", f"wrapped by hand (no {UPSTREAM_KEY}: undo cannot restore it)"
+    seed = seed_wrapper(value)
+    if isinstance(seed, str):
+        return "other", seed
+    if seed is not None:
+        return "seed", f"wrapped by {seed.tool}"
     kind = str(value.get("type", "")).lower()
     if "url" in value or "serverUrl" in value or kind in _REMOTE_TYPES:
         return "remote", "remote server: not covered, Visor wraps stdio servers only"
@@ -307,7 +445,7 @@ def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]
             f"left alone: edit it by hand, or `visor init --undo --server {e.name}` and wrap again"
         )
     extra = {k: v for k, v in value.items() if k not in ("command", "args", UPSTREAM_KEY)}
-    original = {k: v for k, v in up.items() if k not in ("command", "args")}
+    original = {k: v for k, v in real_server(up).items() if k not in ("command", "args")}
     if extra != original:
         return None, (
             "already wrapped, and edited since (its keys differ from the original's); left alone: "
@@ -337,8 +475,41 @@ def wrapped_value(entry: dict, name: str, options: WrapOptions) -> dict:
     return out
 
 
+def _seed_wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
+    """A seed-wrapped entry wrapped around the real server inside it.
+
+    The new members are written from data (the real server came out of the
+    seed's wrapper, not from text in this place); the seed's entry is kept
+    verbatim under x-visor-upstream, so undo gives back exactly that.
+    """
+    node = entry.member.value
+    original = text[node.start : node.end]
+    nl = _newline(text)
+    multiline = "\n" in original
+    outer = _line_indent(text, entry.member.key_start)
+    unit = _entry_unit(text, node, outer) if multiline else ""
+    inner = outer + unit
+    if multiline and node.members:
+        first = _line_indent(text, node.members[0].key_start)
+        if first.startswith(outer) and len(first) > len(outer):
+            inner, unit = first, first[len(outer) :]
+    real = real_server(entry.value)
+    parts = [
+        f"{json.dumps(k, ensure_ascii=False)}: {_dump(v, unit if multiline else None, inner, nl)}"
+        for k, v in wrapped_value(real, entry.name, options).items()
+        if k != UPSTREAM_KEY
+    ]
+    if not multiline:
+        parts.append(f'"{UPSTREAM_KEY}": {original}')
+        return "{" + ", ".join(parts) + "}"
+    parts.append(f'"{UPSTREAM_KEY}": {_shift(original, unit)}')
+    return "{" + nl + ("," + nl).join(inner + p for p in parts) + nl + outer + "}"
+
+
 def _wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     """The wrapped entry's text: same key order, other members copied verbatim."""
+    if entry.kind == "seed":
+        return _seed_wrapped_text(text, entry, options)
     node = entry.member.value
     original = text[node.start : node.end]
     nl = _newline(text)
@@ -396,7 +567,11 @@ def _rewrap_text(text: str, entry: Entry, options: WrapOptions, config_path: str
     except ConfigError:
         return None
     match = next(
-        (x for x in again.entries if x.block == entry.block and x.name == entry.name and x.kind == "stdio"),
+        (
+            x
+            for x in again.entries
+            if x.block == entry.block and x.name == entry.name and x.kind in ("stdio", "seed")
+        ),
         None,
     )
     if match is None:
@@ -450,6 +625,27 @@ def plan_wrap(
     skipped: list[tuple[Entry, str]] = []
     for e in select(config, names):
         if e.kind == "stdio":
+            node = e.member.value
+            edits.append((node.start, node.end, _wrapped_text(text, e, options)))
+            changed.append(e)
+        elif e.kind == "seed":
+            seed = seed_wrapper(e.value)
+            assert isinstance(seed, Seed)
+            if seed.policy and not options.policy:
+                # Wrapping with the default policy would drop the seed's own rules: not silently.
+                how = (
+                    f"visor policy import --from bouncer {seed.policy} -o NEW.yaml"
+                    if seed.tool == "mcp-bouncer"
+                    else f"visor policy import --from mcp-visor {seed.policy} -o NEW.yaml"
+                )
+                skipped.append(
+                    (
+                        e,
+                        f"{e.note} with its policy {seed.policy}; left alone: convert it (`{how}`) "
+                        "and run init again with --policy NEW.yaml",
+                    )
+                )
+                continue
             node = e.member.value
             edits.append((node.start, node.end, _wrapped_text(text, e, options)))
             changed.append(e)

@@ -35,6 +35,7 @@ from visor.install.configs import (
     command_line,
     home_dir,
     known_locations,
+    real_server,
     wrapped_run_args,
 )
 from visor.install.init import DESKTOP_PATH_DIRS, read_config
@@ -138,6 +139,14 @@ class Doctor:
                 f"visor init --config {path} --server {e.name}",
             )
             return
+        if e.kind == "seed":
+            self.add(
+                "WARN",
+                subject,
+                f"{e.note}, not by Visor: its tool calls bypass Visor",
+                f"visor init --config {path} --server {e.name} (Visor unwraps it and wraps the server inside)",
+            )
+            return
         if e.kind != "wrapped":
             self.add("WARN", subject, f"not a server entry Visor understands ({e.note})")
             return
@@ -178,6 +187,8 @@ class Doctor:
             )
 
         up = value.get(UPSTREAM_KEY)
+        if isinstance(up, dict):
+            up = real_server(up)  # a seed's entry under x-visor-upstream: the server inside it
         if isinstance(up, dict) and command_line(up) and command_line(up) != upstream:
             self.add(
                 "WARN",

@@ -16,13 +16,16 @@ from visor.install.configs import (
     Config,
     ConfigError,
     Plan,
+    Seed,
     Update,
     WrapOptions,
+    command_line,
     home_dir,
     known_locations,
     load_text,
     plan_undo,
     plan_wrap,
+    seed_wrapper,
     wrapped_run_args,
 )
 
@@ -227,6 +230,16 @@ def run_init(args: argparse.Namespace) -> int:
     print(unified_diff(config.doc.text, plan.text, str(shown)), end="")
     if warning and not args.undo:
         print(warning, file=sys.stderr)
+    if not args.undo:
+        for e in plan.changed:
+            seed = seed_wrapper(e.value)
+            if isinstance(seed, Seed):
+                kept = f"; not carried over: {' '.join(seed.dropped)}" if seed.dropped else ""
+                print(
+                    f"note: {e.label} was wrapped by {seed.tool}: Visor now runs the server inside it "
+                    f"({' '.join(command_line(seed.upstream))}){kept}; --undo restores the {seed.tool} entry",
+                    file=sys.stderr,
+                )
     if policy is not None:
         for e in plan.changed:
             if policy.server(e.name) is None:
@@ -329,6 +342,7 @@ def run_list() -> int:
             state = {
                 "stdio": "not wrapped",
                 "wrapped": "wrapped",
+                "seed": "wrapped by a seed",
                 "remote": "remote (not covered)",
                 "other": "unknown",
             }[e.kind]
