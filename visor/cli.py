@@ -101,11 +101,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     run.add_argument(
         "--approval-dir",
+        "-approval-dir",  # mcp-visor's spelling (Go flags), so its users' configs keep working
         metavar="DIR",
         help="ask for approvals through pending files in DIR (answer with `visor approve`/`visor deny`)",
     )
     run.add_argument(
-        "--approval-tty", action="store_true", help="ask for approvals on /dev/tty (never stdin)"
+        "--approval-tty",
+        "-approval-cli",  # mcp-visor's prompt flag: here on /dev/tty, since stdin is the wire
+        "--approval-cli",
+        action="store_true",
+        help="ask for approvals on /dev/tty (never stdin)",
     )
     run.add_argument(
         "--approval-elicitation",

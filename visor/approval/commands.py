@@ -205,7 +205,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "With ID (or a unique prefix of it), approve that call.",
         "visor approve\n  visor approve 3f9a",
     )
-    approve.add_argument("--approval-dir", metavar="DIR", help=dir_help)
+    # -approval-dir: mcp-visor's spelling (Go flags), so its users' scripts keep working
+    approve.add_argument("--approval-dir", "-approval-dir", metavar="DIR", help=dir_help)
     approve.add_argument(
         "--remember",
         action="store_true",
@@ -235,6 +236,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "Deny the waiting call with this ID (or a unique prefix of it); Visor answers the client with an error.",
         "visor deny 3f9a",
     )
-    deny.add_argument("--approval-dir", metavar="DIR", help=dir_help)
+    deny.add_argument("--approval-dir", "-approval-dir", metavar="DIR", help=dir_help)
     deny.add_argument("id", metavar="ID")
     deny.set_defaults(func=cmd_deny)
