@@ -133,6 +133,80 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+_OTLP_FROM_ENV = "\0env"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+    from collections.abc import Sequence
+
+    from visor.audit.export import CursorError, Item, State, export_once
+    from visor.audit.otlp import ExportError, config_from_env, send
+
+    if args.interval <= 0:
+        print("visor audit export: --interval must be above 0 seconds", file=sys.stderr)
+        return 2
+    if args.otlp is not None:
+        try:
+            config = config_from_env(None if args.otlp == _OTLP_FROM_ENV else args.otlp)
+        except ExportError as exc:
+            print(f"visor audit export: {exc}", file=sys.stderr)
+            return 2
+
+        def sink(batch: Sequence[Item]) -> None:
+            send(config, [(i.record, i.line, i.log) for i in batch])
+
+    else:
+        out = sys.stdout.buffer
+
+        def sink(batch: Sequence[Item]) -> None:
+            out.write(b"".join(i.line + b"\n" for i in batch))
+            out.flush()
+
+    try:
+        state = State(Path(os.path.expanduser(args.state)) if args.state else None)
+    except (CursorError, OSError) as exc:
+        print(f"visor audit export: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    if args.follow:
+        # SIGTERM ends a follow after the batch in flight, its position saved.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    status = 0
+    total = 0
+    reported: set[str] = set()
+    try:
+        while True:
+            targets = _targets(args, "legacy_files")
+            if not targets and not args.follow:
+                _no_logs("visor audit export")
+                return 0
+            try:
+                outcome = export_once(targets, state, sink)
+            except ExportError as exc:
+                print(f"visor audit export: {exc}", file=sys.stderr)
+                return 1
+            except BrokenPipeError:  # `visor audit export | head`: that batch is not counted as exported
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            total += outcome.exported
+            for error in outcome.errors:
+                if error not in reported:  # once per problem, not once per poll
+                    print(f"visor audit export: {error}", file=sys.stderr)
+                    reported.add(error)
+                status = 1
+            if not args.follow or stop.wait(args.interval):
+                break
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        state.close()
+    if args.otlp is not None or args.state:
+        print(f"exported {total} record(s)", file=sys.stderr)
+    return status
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
     from visor.audit.repair import repair
     from visor.audit.writer import AuditError
@@ -233,6 +307,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--name", metavar="NAME", default="audit-signing", help="file name stem: NAME.key and NAME.pub"
     )
     keygen.set_defaults(func=cmd_keygen)
+
+    export = add_command(
+        actions,
+        "export",
+        "ship records as JSON lines or OTLP logs, resuming where the last run stopped",
+        "Send the records of every log, in chain order, as JSON lines on stdout (each line exactly as "
+        "stored, hash included) or as OTLP logs over HTTP (JSON encoding). With --state, a rerun sends "
+        "only records after the last one delivered, across rotation; a record is never skipped, and "
+        "its hash (visor.hash) de-duplicates the batch a crash may send twice.",
+        "visor audit export --state ~/.visor/export.state | my-shipper\n"
+        "  visor audit export --otlp http://collector:4318 --state ~/.visor/otlp.state --follow",
+    )
+    export.add_argument("files", nargs="*", metavar="FILE", help=_FILES_HELP)
+    export.add_argument(
+        "--otlp",
+        metavar="URL",
+        nargs="?",
+        const=_OTLP_FROM_ENV,
+        help="send OTLP logs over HTTP to URL (/v1/logs is added to a URL without a path); without URL, "
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT; OTEL_EXPORTER_OTLP_HEADERS, "
+        "_TIMEOUT and OTEL_SERVICE_NAME apply",
+    )
+    export.add_argument(
+        "--state", metavar="FILE", help="where the position is kept between runs (default: export everything)"
+    )
+    export.add_argument("--follow", action="store_true", help="keep sending new records until stopped")
+    export.add_argument(
+        "--interval", metavar="S", type=float, default=1.0, help="with --follow: seconds between looks"
+    )
+    export.set_defaults(func=cmd_export)
 
     show = add_command(
         actions,
