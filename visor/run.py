@@ -9,16 +9,21 @@ import itertools
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
 from visor import logs
-from visor.gate import Gate, PolicyGate
+from visor.core.checks import Checks, PolicyChecks
 from visor.relay.proxy import Relay, RelayConfig
 from visor.relay.upstream import SpawnError
+
+if TYPE_CHECKING:
+    from visor.approval.broker import ApprovalBroker
+    from visor.audit.writer import AuditWriter
 
 # The client's pipes, moved off fds 0 and 1 by protect_stdio().
 _WIRE_IN: int | None = None
@@ -201,7 +206,19 @@ def measure_invocation(command: list[str], positions: tuple[int, ...]) -> tuple[
     return digest.result(), None
 
 
-def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """What a checked session runs with: the checks and the I/O they are driven through."""
+
+    checks: PolicyChecks
+    audit: AuditWriter
+    approvals: ApprovalBroker
+    pin_saver: Callable[[dict[str, Any]], None] | None
+    approvals_saver: Callable[[dict[str, Any]], None]
+    listing_timeout: float
+
+
+def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
     from visor.audit.signing import signer_from_args
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.pinfile import read_pins, write_pins
@@ -225,7 +242,7 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
     if args.identity and not any(i.name == args.identity for i in policy.identities):
         raise StartupError(f"identity {args.identity!r} is not defined in the policy's identities")
     session = SessionState(policy, args.server_name, identity=args.identity)
-    pin_saver = None
+    pin_saver: Callable[[dict[str, Any]], None] | None = None
     if args.pin_file:
         pin_path = Path(args.pin_file)
         if pin_path.exists():
@@ -234,8 +251,10 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
             except (OSError, ValueError) as exc:
                 raise StartupError(f"pin file {pin_path} refused: {exc}") from exc
 
-        def pin_saver(data: dict) -> None:  # type: ignore[type-arg]
+        def save_pins(data: dict[str, Any]) -> None:
             write_pins(pin_path, data)
+
+        pin_saver = save_pins
 
     # Destinations a human approved with "remember": trusted again after a restart.
     approved_path = approved_destinations_path(args, command)
@@ -245,7 +264,7 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         except (OSError, ValueError) as exc:
             raise StartupError(f"approved-destinations file {approved_path} refused: {exc}") from exc
 
-    def approvals_saver(data: dict) -> None:  # type: ignore[type-arg]
+    def approvals_saver(data: dict[str, Any]) -> None:
         try:
             write_pins(approved_path, data)
             os.chmod(approved_path, 0o600)
@@ -253,8 +272,6 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
             from visor.logs import get_logger
 
             get_logger("visor.run").error("approvals_save_failed", path=str(approved_path), error=str(exc))
-
-    session.approvals_saver = approvals_saver
 
     if args.audit_log:
         candidates = [Path(args.audit_log)]
@@ -280,23 +297,23 @@ def _build_gate(args: argparse.Namespace, command: list[str]) -> Gate:
         except AuditError as exc:
             raise StartupError(f"audit log refused: {exc}") from exc
     assert audit is not None
-    return PolicyGate(
+    checks = PolicyChecks(
         policy=policy,
         session=session,
-        audit=audit,
+        audit_session=audit.session,
         server_name=args.server_name,
         argv=command,
-        pin_saver=pin_saver,
         approvals=approvals,
         protected=_protected_paths(args, audit_path),
-        listing_timeout=listing_timeout,
+        save_pins=pin_saver is not None,
     )
+    return _Checked(checks, audit, approvals, pin_saver, approvals_saver, listing_timeout)
 
 
 def _listing_timeout() -> float:
     """How long a call made before any listing waits for Visor's own tools/list
-    (``VISOR_TOOLS_LIST_TIMEOUT`` seconds, default visor.gate.LISTING_TIMEOUT_SECONDS)."""
-    from visor.gate import LISTING_TIMEOUT_SECONDS
+    (``VISOR_TOOLS_LIST_TIMEOUT`` seconds, default visor.core.checks.LISTING_TIMEOUT_SECONDS)."""
+    from visor.core.checks import LISTING_TIMEOUT_SECONDS
 
     raw = os.environ.get("VISOR_TOOLS_LIST_TIMEOUT")
     if not raw:
@@ -404,29 +421,41 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
         print(f"visor run: {_WIRE_PROBLEM}", file=sys.stderr)
         return 2
     assert _WIRE_IN is not None and _WIRE_OUT is not None
+    wire_in, wire_out = _WIRE_IN, _WIRE_OUT
     config = RelayConfig(
         max_message_bytes=args.max_message_bytes,
         shutdown_grace=args.shutdown_grace,
     )
 
     async def session() -> int:
-        # The gate is built inside the loop: the audit writer delivers its
+        # The checks are built inside the loop: the audit writer delivers its
         # results to this loop's futures.
         if args.no_checks:
             log.warning("checks_disabled", detail="--no-checks: no policy, no audit log; for measuring only")
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
-        gate = Gate() if args.no_checks else _build_gate(args, command)
-        relay = Relay(command, config, gate)
+        if args.no_checks:
+            relay = Relay(command, config, Checks())
+        else:
+            checked = _build_checks(args, command)
+            relay = Relay(
+                command,
+                replace(config, listing_timeout=checked.listing_timeout),
+                checked.checks,
+                audit=checked.audit,
+                approvals=checked.approvals,
+                pin_saver=checked.pin_saver,
+                approvals_saver=checked.approvals_saver,
+            )
         try:
-            return await relay.run(_WIRE_IN, _WIRE_OUT)  # type: ignore[arg-type]
+            return await relay.run(wire_in, wire_out)
         finally:
-            if not relay.gate_closed:
+            if not relay.closed:
                 # The session failed before its normal end (the server could not
                 # start, the client's descriptors could not be used): the records
                 # written so far still reach the disk, and the writer stops.
                 with contextlib.suppress(Exception):
-                    await gate.close()
+                    await relay.close()
 
     try:
         return uvloop.run(session())

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
-from visor.policy.loader import build_plan, build_screens
+from visor.policy.effective import Effective, merge_tool, select_packs
 from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
 
 if TYPE_CHECKING:
@@ -43,17 +43,6 @@ class SessionEvent:
     detail: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Effective:
-    """What the evaluator needs to know about one tool in this session."""
-
-    entry: ToolPolicy | None  # merged pack + policy entry (None: nothing known)
-    registered: bool  # the policy lists the tool, or has a "*" tool entry
-    fallback: bool  # no pack entry and no exact policy entry: guess destinations by name
-    trust: dst.TrustList
-    packs: tuple[str, ...] = ()
-
-
 # Every field of a tool that a client shows to the model or to the user, or
 # that changes how the tool runs: a tool re-titled, re-iconed or re-annotated
 # after it was pinned is a changed tool.
@@ -73,69 +62,6 @@ def _digest(tool: dict, fields: tuple[str, ...]) -> str:
 def pin_digest(tool: dict) -> str:
     """SHA-256 of the canonical JSON of every pinned field of a tool."""
     return _digest(tool, PINNED_FIELDS)
-
-
-def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
-    """Field-by-field merge: what ``over`` says wins, lists are unions, and a
-    field ``over`` does not mention keeps ``base``'s value, so restating one
-    field never switches another check off."""
-    if base is None:
-        return over
-
-    def union(a: tuple, b: tuple) -> tuple:
-        return tuple(dict.fromkeys(a + b))
-
-    return ToolPolicy(
-        name=over.name,
-        allowed=over.allowed if over.allowed is not None else base.allowed,
-        risk=over.risk or base.risk,
-        approval_required=over.approval_required or base.approval_required,
-        # stricter wins: out_of_band on either side keeps the client's elicitation out
-        approval="out_of_band"
-        if "out_of_band" in (over.approval, base.approval)
-        else over.approval or base.approval,
-        description=over.description or base.description,
-        rules=base.rules + over.rules,
-        exfiltrating=over.exfiltrating if over.exfiltrating is not None else base.exfiltrating,
-        sink_params=union(base.sink_params, over.sink_params),
-        trusted_destinations=union(base.trusted_destinations, over.trusted_destinations),
-        write_params=union(base.write_params, over.write_params),
-        allowed_path_prefixes=union(base.allowed_path_prefixes, over.allowed_path_prefixes),
-        prefix_alts=union(base.prefix_alts, over.prefix_alts),
-        arg_patterns=base.arg_patterns + over.arg_patterns,
-        max_calls=over.max_calls if over.max_calls is not None else base.max_calls,
-        trusted_output_fields=union(base.trusted_output_fields, over.trusted_output_fields),
-        sender_fields=union(base.sender_fields, over.sender_fields),
-        untrusted_output=over.untrusted_output or base.untrusted_output,
-        screens=over.screens if not base.rules else build_screens(base.rules + over.rules),
-        plan=over.plan if not base.rules else build_plan(base.rules + over.rules),
-        origin=f"{over.origin}+{base.origin}",
-        line=over.line or base.line,
-    )
-
-
-def select_packs(
-    policy: Policy, server: ServerPolicy | None, server_name: str, tool_names: set[str]
-) -> tuple[str, ...]:
-    """Which built-in packs describe this session's server.
-
-    A server entry's ``packs:`` list wins outright. Otherwise a pack applies
-    when the server name (``--server-name``) is one of its names, or when the
-    server's tools/list contains at least two of the pack's tools (all of them
-    for a one-tool pack).
-    """
-    if server is not None and server.packs is not None:
-        return tuple(p for p in server.packs if p in policy.packs)
-    lowered = server_name.lower()
-    out: list[str] = []
-    for name, pack in sorted(policy.packs.items()):
-        if lowered and lowered in pack.servers:
-            out.append(name)
-            continue
-        need = min(2, len(pack.tools))
-        if tool_names and sum(1 for t in pack.tools if t in tool_names) >= need:
-            out.append(name)
-    return tuple(out)
 
 
 class SessionState:
@@ -164,7 +90,6 @@ class SessionState:
         self._next_cursor: str | None = None
         # format-1 pins (fewer fields): a tool whose old digest still matches is re-pinned in full
         self._legacy_pins: dict[str, str] = {}
-        self.pins_loaded_from: str | None = None
         self.server_info_pin: str | None = None
         self.server_changed = False
         # history and budgets (only allowed calls count)
@@ -189,7 +114,6 @@ class SessionState:
         self.asserted = dst.DigestTable(max(1024, max_keys // 4))
         # every key of fields a third party writes (a received mail's sender)
         self.attributed = dst.OutputIndex(max(1024, max_keys // 4), trace=True)
-        self.outputs_seen = 0
         # (tool, argument, destination key) a human approved: trusted for the session
         self.approvals: set[tuple[str, str, str]] = set()
         # the ones a human asked to remember across restarts
@@ -341,7 +265,6 @@ class SessionState:
         a JSON or YAML document): see ``_observe_fields``. Everything else is
         free text.
         """
-        self.outputs_seen += 1
         entry = self.effective(tool).entry if tool is not None else None
         if entry is not None and (entry.trusted_output_fields or entry.sender_fields):
             self._observe_fields(tool or "", result, entry.trusted_output_fields, entry.sender_fields, True)

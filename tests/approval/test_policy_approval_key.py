@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests.approval.raw_client import POLICY
+from visor.policy.effective import merge_tool
 from visor.policy.lint import lint_policy
 from visor.policy.loader import PolicyError, load_policy, load_policy_text
 from visor.policy.schema import ToolPolicy
-from visor.session import merge_tool
 
 
 def test_the_key_loads() -> None:

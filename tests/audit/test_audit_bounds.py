@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from visor.audit import record as rec
-from visor.relay.proxy import _LineDigests
+from visor.core.digests import LineDigests as _LineDigests
 from visor.wire.framer import Framer, Oversize, Truncated
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from visor import redact
-from visor.gating import prompt_decision, resource_decision, server_request_decision
 from visor.policy.loader import PolicyError, load_policy_text
+from visor.policy.requests import prompt_decision, resource_decision, server_request_decision
 
 BASE = """\
 version: "1.0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.policy.helpers import policy_from
-from visor.gating import resource_decision
+from visor.policy.requests import resource_decision
 
 POLICY = """
 version: "1.0"

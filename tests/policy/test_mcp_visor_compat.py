@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from tests.policy.helpers import decide, policy_from, session_for
-from visor.gating import prompt_arguments_decision
 from visor.policy import attestation
 from visor.policy.evaluate import ToolCall
 from visor.policy.loader import MCP_VISOR_SENSITIVE_FILES, PolicyError, load_policy, load_policy_text
+from visor.policy.requests import prompt_arguments_decision
 from visor.run import measure_invocation
 
 REFERENCE = Path(__file__).parent / "data" / "mcp-visor"

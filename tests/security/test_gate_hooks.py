@@ -17,7 +17,9 @@ import pytest
 import uvloop
 
 from tests.conftest import RECORDER
-from visor.gate import CallContext, Gate, Verdict
+from visor.core.calls import CallContext
+from visor.core.checks import Checks as Gate
+from visor.core.checks import Verdict
 from visor.relay.proxy import Relay, RelayConfig
 from visor.wire.message import Message
 

@@ -29,9 +29,9 @@ from typing import Any
 from visor.install.stdio_client import ClientError, Listing, child_env, list_server
 from visor.policy import paths
 from visor.policy.destinations import is_destination_name
+from visor.policy.effective import select_packs
 from visor.policy.loader import builtin_packs, load_policy_text
 from visor.policy.schema import Pack, Policy
-from visor.session import select_packs
 
 _SENDER_WORDS = frozenset(
     {"send", "post", "share", "notify", "invite", "forward", "publish", "upload", "webhook", "reply", "email"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from visor.policy.effective import select_packs
 from visor.policy.loader import PolicyError, load_policy
 from visor.policy.schema import Policy, ServerPolicy, ToolPolicy
-from visor.session import select_packs
 
 _SENDER_NAME = re.compile(r"(send|post|share|notify|invite|forward|publish|upload|webhook|reply|email)", re.I)
 _READER_NAME = re.compile(r"(read|get|list|search|fetch|find|query)", re.I)

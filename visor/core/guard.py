@@ -1,9 +1,10 @@
 """Data in and out beyond the tools/call verdict: redaction, resources, prompts, server requests.
 
-`DataGuard` is what `PolicyGate` delegates to for everything that is not
+`DataGuard` is what `PolicyChecks` delegates to for everything that is not
 the policy decision on a tool call. Its checks are synchronous and its only
-side effect is appending audit events through the callback it is given; the
-decisions themselves are the pure functions at the top of this module.
+side effect is emitting audit records (and the stderr line of a deny) as
+actions; the decisions themselves are the pure functions of
+visor/policy/requests.py.
 
 Error codes Visor answers with (docs/policy.md, "Beyond tools/call"):
 
@@ -20,182 +21,54 @@ Error codes Visor answers with (docs/policy.md, "Beyond tools/call"):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from visor import redact
+from visor.audit import events
+from visor.core.events import Action, Announce, AppendRecord
 from visor.logs import get_logger
-from visor.policy import paths, readings
+from visor.policy.requests import (
+    SERVER_REQUEST_KEYS,
+    prompt_arguments_decision,
+    prompt_decision,
+    resource_decision,
+    server_request_decision,
+    statically_denied,
+)
 from visor.wire import errors
 
 if TYPE_CHECKING:
     from visor.policy.evaluate import Decision
-    from visor.policy.schema import AccessList, Policy
+    from visor.policy.schema import Policy
     from visor.session import SessionState
     from visor.wire.message import Message
 
-log = get_logger("visor.gating")
+# The stderr lines of these denials keep the name they always had.
+LOGGER = "visor.gating"
+log = get_logger(LOGGER)
 
 DENIED_REQUEST = errors.INVALID_PARAMS
 DENIED_SERVER_REQUEST = errors.INVALID_REQUEST
 
-# Client requests that carry data the policy must see before the server does.
-GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
-# Server requests the policy can refuse, by the short name used in the policy.
-SERVER_REQUEST_KEYS = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer the client with `line`; the server never sees the request."""
+
+    line: bytes
 
 
-def _decision(action: str, rule: str, reason: str) -> Decision:
-    from visor.policy.evaluate import Decision
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """Send `line` to the server in place of the request (secrets in it redacted)."""
 
-    return Decision(action, rule, reason)  # type: ignore[arg-type]
-
-
-def _registration(policy: Policy, server: str, what: str) -> Decision | None:
-    """The server-level part of registration, shared by resources and prompts."""
-    entry = policy.server(server)
-    if entry is None:
-        if policy.default_action == "deny":
-            return _decision("deny", "registration.unknown_server", f"server {server!r} is not in the policy")
-        return None
-    if not entry.allowed:
-        return _decision(
-            "deny", f"servers[{entry.name}].allowed", f"server {entry.name!r} is not allowed ({what})"
-        )
-    return None
+    line: bytes
 
 
-def _acl(
-    acl: AccessList | None,
-    candidates: tuple[str, ...],
-    rule: str,
-    what: str,
-    path_forms: tuple[str, ...] = (),
-) -> Decision | None:
-    """Deny wins if any reading matches a deny glob (compared as a case-insensitive
-    file system would); an allow list must admit every reading of a file path
-    (as a path or as its ``file://`` URI), else the name or URI as written."""
-    if acl is None:
-        return None
-    readings = candidates + path_forms
-    for glob in acl.deny:
-        if any(glob.match(c) or glob.match_folded(c) for c in readings):
-            return _decision("deny", f"{rule}.deny", f"{what} matches deny pattern {glob.pattern!r}")
-    if acl.allow is None:
-        return None
-    if path_forms:
-        admitted = all(any(g.match(f) or g.match("file://" + f) for g in acl.allow) for f in path_forms)
-    else:
-        admitted = any(g.match(c) for g in acl.allow for c in candidates)
-    if not admitted:
-        return _decision("deny", f"{rule}.allow", f"{what} matches no allow pattern")
-    return None
-
-
-def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
-    """A deny, or None when the URI may be read.
-
-    A ``file:`` URI goes through the same normalisation and sensitive-file
-    list as a path argument of a tool (symlinks resolved where the file
-    exists), so ``file:///home/me/.env`` is denied with no ``resources:``
-    section at all. Allow/deny globs match the URI as written and, for a
-    file URI, each normalised form of its path.
-    """
-    candidates: tuple[str, ...] = (uri,)
-    if uri[:5].lower() == "file:":
-        try:
-            forms = paths.forms(uri)
-        except paths.PathError as e:
-            return _decision("deny", "resource.invalid", f"resource URI cannot be checked: {e}")
-        extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
-        for form in forms:
-            if paths.is_sensitive(form, extra):
-                return _decision(
-                    "deny", "resource.sensitive", f"resource {uri!r} names a sensitive file ({form})"
-                )
-        path_forms: tuple[str, ...] = forms
-    else:
-        path_forms = ()
-    found = _registration(policy, server, "resources")
-    if found is not None:
-        return found
-    entry = policy.server(server)
-    prefix = f"servers[{entry.name}].resources" if entry else "resources"
-    return _acl(entry.resources if entry else None, candidates, prefix, f"resource {uri!r}", path_forms)
-
-
-def prompt_decision(policy: Policy, server: str, name: str) -> Decision | None:
-    """A deny, or None. Without a ``prompts:`` section an allowed server's prompts are allowed:
-    a prompt is a template the user picks, it runs nothing, and its arguments are redacted."""
-    found = _registration(policy, server, "prompts")
-    if found is not None:
-        return found
-    entry = policy.server(server)
-    prefix = f"servers[{entry.name}].prompts" if entry else "prompts"
-    return _acl(entry.prompts if entry else None, (name,), prefix, f"prompt {name!r}")
-
-
-def prompt_arguments_decision(policy: Policy, arguments: dict[str, Any]) -> Decision | None:
-    """A deny when a prompt argument names a sensitive file, under every reading of it.
-
-    A prompt that reads a file named by its argument hands the file to the
-    model as surely as a tool does: its arguments get the tool arguments'
-    path and sensitive-file checks (Visor's own files are checked by the gate).
-    """
-    extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
-    candidates: list[dict[str, Any]] = [arguments]
-    try:
-        decoded = readings.every_decoding(arguments)
-    except readings.AmbiguousJson as e:
-        return _decision("deny", "prompt.invalid", f"a prompt argument cannot be read with certainty: {e}")
-    if decoded is not None:
-        candidates.append(decoded)
-    for args in candidates:
-        for name, raw in paths.iter_path_values(args):
-            try:
-                forms = paths.forms(raw)
-            except paths.PathError as e:
-                return _decision("deny", "prompt.invalid", f"prompt argument {name!r} cannot be checked: {e}")
-            for form in forms:
-                if paths.is_sensitive(form, extra):
-                    return _decision(
-                        "deny",
-                        "prompt.sensitive",
-                        f"prompt argument {name!r} names a sensitive file ({form})",
-                    )
-    return None
-
-
-def server_request_decision(policy: Policy, server: str, method: str) -> Decision | None:
-    """A deny for a server-initiated request the policy refuses, else None (the default is allow:
-    the client itself asks its user before sampling or showing an elicitation)."""
-    key = SERVER_REQUEST_KEYS.get(method)
-    if key is None:
-        return None
-    entry = policy.server(server)
-    if entry is not None and entry.server_requests.get(key) == "deny":
-        return _decision(
-            "deny",
-            f"servers[{entry.name}].server_requests.{key}",
-            f"the policy refuses {method} from this server",
-        )
-    return None
-
-
-def statically_denied(policy: Policy, session: SessionState, tool: str) -> bool:
-    """Whether every call of `tool` is denied whatever its arguments (what hide_denied_tools hides)."""
-    entry = session.server_entry
-    default_deny = policy.default_action == "deny"
-    if entry is None:
-        return default_deny
-    if not entry.allowed:
-        return True
-    eff = session.effective(tool)
-    if not eff.registered and default_deny:
-        return True
-    te = eff.entry
-    return te is not None and (te.allowed is False or te.max_calls == 0)
+RequestVerdict = Refuse | Rewrite | None
 
 
 def _rewrite(obj: dict[str, Any], key: str, value: Any) -> bytes:
@@ -209,12 +82,12 @@ def _rewrite(obj: dict[str, Any], key: str, value: Any) -> bytes:
 
 
 class DataGuard:
-    """Per-session: the compiled redactor, the tools' output schemas, the audit callback."""
+    """Per-session: the compiled redactor, the tools' output schemas, where records go."""
 
-    def __init__(self, policy: Policy, server: str, append: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, policy: Policy, server: str, emit: Callable[[Action], None]) -> None:
         self.policy = policy
         self.server = server
-        self._append = append
+        self._emit = emit
         engine = policy.redaction.engine
         self.redactor: redact.Redactor = engine if engine is not None else redact.DEFAULT_REDACTOR
         self.max_output = policy.settings.max_output_size_bytes
@@ -222,32 +95,32 @@ class DataGuard:
 
     # ------------------------------------------------------------ evidence
     def _redacted(self, direction: str, msg_id: Any, findings: list[redact.Finding], **detail: Any) -> None:
-        event: dict[str, Any] = {
-            "event": "redact",
-            "server": self.server,
-            "direction": direction,
-            "id": msg_id,
-            "fields": [f.as_json() for f in findings],
-        }
-        event.update({k: v for k, v in detail.items() if v is not None})
-        self._append(event)
+        self._emit(
+            AppendRecord(
+                events.redaction(
+                    server=self.server,
+                    direction=direction,
+                    request_id=msg_id,
+                    fields=[f.as_json() for f in findings],
+                    **detail,
+                )
+            )
+        )
 
     def _denied(self, decision: Decision, msg: Message, **detail: Any) -> None:
-        event: dict[str, Any] = {
-            "event": "deny",
-            "server": self.server,
-            "method": msg.method,
-            "id": msg.id,
-            "rule": decision.rule,
-            "reason": decision.reason,
-            "policy": self.policy.sha256,
-        }
-        event.update({k: v for k, v in detail.items() if v is not None})
-        self._append(event)
+        event = events.request_verdict(
+            "deny",
+            server=self.server,
+            method=msg.method,
+            request_id=msg.id,
+            rule=decision.rule,
+            reason=decision.reason,
+            policy=self.policy.sha256,
+            **detail,
+        )
+        self._emit(AppendRecord(event))
         # the same one line on stderr as a denied tool call (resources, prompts, server requests)
-        from visor.watch import announce
-
-        announce(None, event, log)
+        self._emit(Announce(event, LOGGER))
 
     # ---------------------------------------------------------- tools/call
     def redact_call(self, msg: Message) -> Message:
@@ -291,10 +164,12 @@ class DataGuard:
         if findings:
             self._redacted("output", response.id, findings, tool=tool, method="tools/call", **notes)
         elif notes:
-            self._append(
-                {"event": "redact", "server": self.server, "direction": "output", "id": response.id,
-                 "tool": tool, "method": "tools/call", "fields": [], **notes}
-            )  # fmt: skip
+            event = events.redaction(
+                server=self.server, direction="output", request_id=response.id, fields=[], **notes
+            )
+            # this record has always named the tool and method, even a tool of None
+            event.update(tool=tool, method="tools/call")
+            self._emit(AppendRecord(event))
         return _rewrite(response.obj, "result", new)
 
     def _keep_schema(self, tool: str | None, result: dict[str, Any], notes: dict[str, Any]) -> dict[str, Any]:
@@ -359,9 +234,9 @@ class DataGuard:
         return _rewrite(response.obj, "result", {**result, "tools": kept})
 
     # ------------------------------------------- resources, prompts, sampling
-    def client_request(self, msg: Message) -> bytes | None:
-        """For a gated client request: an error line for the client (denied), the rewritten
-        request for the server (prefixed with b"S"), or None (forward unchanged)."""
+    def client_request(self, msg: Message) -> RequestVerdict:
+        """For a gated client request: `Refuse` (denied), `Rewrite` (arguments redacted),
+        or None (forward unchanged)."""
         params = msg.obj.get("params")
         params = params if type(params) is dict else {}
         if msg.method in ("resources/read", "resources/subscribe"):
@@ -371,7 +246,7 @@ class DataGuard:
             decision = resource_decision(self.policy, self.server, uri)
             if decision is not None:
                 self._denied(decision, msg, uri=uri)
-                return self._error(msg, decision)
+                return Refuse(self._error(msg, decision))
             return None
         if msg.method == "prompts/get":
             name = params.get("name")
@@ -383,13 +258,13 @@ class DataGuard:
                 decision = prompt_arguments_decision(self.policy, args)
             if decision is not None:
                 self._denied(decision, msg, prompt=name)
-                return self._error(msg, decision)
+                return Refuse(self._error(msg, decision))
             pset = self.redactor.arguments
             if type(args) is dict and pset.may_match(msg.raw):
                 new_args, findings = redact.redact_arguments(pset, args)
                 if findings:
                     self._redacted("arguments", msg.id, findings, method=msg.method, prompt=name)
-                    return b"S" + _rewrite(msg.obj, "params", {**params, "arguments": new_args})
+                    return Rewrite(_rewrite(msg.obj, "params", {**params, "arguments": new_args}))
         return None
 
     def _error(self, msg: Message, decision: Decision) -> bytes:
@@ -436,18 +311,17 @@ class DataGuard:
         decision = server_request_decision(self.policy, self.server, msg.method)
         if decision is None:
             if msg.method in SERVER_REQUEST_KEYS:
-                self._append(
-                    {
-                        "event": "allow",
-                        "server": self.server,
-                        "method": msg.method,
-                        "id": msg.id,
-                        "direction": "server",
-                        "rule": "server_requests.default",
-                        "reason": f"{msg.method} is allowed from this server",
-                        "policy": self.policy.sha256,
-                    }
+                event = events.request_verdict(
+                    "allow",
+                    server=self.server,
+                    method=msg.method,
+                    request_id=msg.id,
+                    rule="server_requests.default",
+                    reason=f"{msg.method} is allowed from this server",
+                    policy=self.policy.sha256,
+                    direction="server",
                 )
+                self._emit(AppendRecord(event))
             return None
         self._denied(decision, msg, direction="server")
         return errors.error_response(

@@ -1,0 +1,728 @@
+"""What Visor checks, as synchronous hooks that answer with effects.
+
+The session core (visor/core/session.py) calls a `Checks` for every message
+that needs a judgement and acts on what it returns: `Forward` (relay these
+bytes), `Answer` (send these bytes to the client; the server sees nothing),
+`AwaitCommit` (relay once the allow record is durable) or `AwaitHuman` (put
+this question to a human first). Nothing here waits: records are emitted as
+actions, and the core comes back with `on_committed`, `on_approval`, ...
+
+`Checks` itself passes everything (`visor run --no-checks`); `PolicyChecks`
+is the only place where a decision, an approval and an audit record meet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from visor.approval.model import arguments_digest, focus_arguments, make_request, remember_scope
+from visor.approval.protected import Protected
+from visor.audit import events
+from visor.core.calls import Approval, CallContext
+from visor.core.events import Action, Announce, AppendRecord, SaveApprovals, SavePins
+from visor.core.guard import DENIED_REQUEST, DataGuard, Refuse, RequestVerdict
+from visor.logs import get_logger
+from visor.policy import readings
+from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
+from visor.wire import errors
+
+if TYPE_CHECKING:
+    from visor.approval.broker import ApprovalBroker, Outcome
+    from visor.approval.model import ApprovalAnswer, ApprovalRequest
+    from visor.core.calls import ToolCallState
+    from visor.policy.schema import Policy
+    from visor.session import SessionEvent, SessionState
+    from visor.wire.message import Message, Rejected
+
+# The stderr lines of call decisions keep the name they always had.
+LOGGER = "visor.gate"
+log = get_logger(LOGGER)
+
+# A tools/call that comes before any listing waits for Visor's own tools/list
+# (every page) for at most this long; no answer or an error denies it.
+LISTING_TIMEOUT_SECONDS = 15.0
+
+# A call with several questions (two unknown recipients) is asked about each in
+# turn; past this many rounds it is denied rather than asked forever.
+_MAX_APPROVAL_ROUNDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Relay `line` to the server now (in its place in line)."""
+
+    line: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Send `line` to the client; the server sees nothing."""
+
+    line: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitCommit:
+    """Append `record` durably, then `after`; relay `line` once the fsync covering `record` returned."""
+
+    record: dict[str, Any]
+    line: bytes
+    after: tuple[dict[str, Any], ...]
+    started: float
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitHuman:
+    """Put `request` to a human; the answer comes back through `Checks.on_approval`."""
+
+    approval: Approval
+    request: ApprovalRequest
+    out_of_band_only: bool
+
+
+Verdict = Forward | Answer | AwaitCommit | AwaitHuman
+
+
+def denial_text(decision: Decision) -> str:
+    return f"Visor denied this call: {decision.reason} (rule: {decision.rule})"
+
+
+def _ignore(action: Action) -> None:
+    """Where a `Checks` sends records before a core attaches it: nowhere."""
+
+
+class Checks:
+    """Forwards every valid call unchanged: the relay's behaviour with no checks at all."""
+
+    def attach(self, emit: Callable[[Action], None]) -> None:
+        """Where records and notices go: the core's list of actions for the event being handled."""
+
+    def start(self) -> None:
+        """The session begins (records its start)."""
+
+    def needs_listing(self) -> bool:
+        """Whether a tools/call now must wait for Visor's own tools/list (nothing is pinned)."""
+        return False
+
+    def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
+        return Forward(msg.raw)
+
+    def on_listing_page(self, result: dict[str, Any], cursor: Any) -> None:
+        """One page of Visor's own tools/list."""
+
+    def on_listing_failed(self, msg: Message, ctx: CallContext, failure: str) -> Answer:
+        """A call that waited for Visor's tools/list, which failed: its denial."""
+        return Answer(
+            errors.tool_error_result(msg.id, f"Visor denied this call: {failure}", modern=ctx.modern)
+        )
+
+    def on_call_failed(self, msg: Message, ctx: CallContext, reason: str) -> Answer:
+        """A step of judging the call raised: its denial (`internal.error`)."""
+        return Answer(
+            errors.tool_error_result(msg.id, "Visor denied this call: internal error", modern=ctx.modern)
+        )
+
+    def on_commit_failed(self, call: ToolCallState, error: str) -> Answer:
+        text = f"Visor denied this call: the audit log cannot be written ({error})"
+        return Answer(errors.tool_error_result(call.msg.id, text, modern=call.ctx.modern))
+
+    def on_approval(self, approval: Approval, outcome: Outcome, ctx: CallContext) -> Verdict:
+        """A human's answer (or why there is none) to the question `approval` asked last."""
+        return Answer(errors.tool_error_result(approval.msg.id, "Visor denied this call", modern=ctx.modern))
+
+    def on_cancelled(self, call: ToolCallState, *, closing: bool) -> None:
+        """`call` was withdrawn before any verdict (the client cancelled it, or the session ended)."""
+
+    def on_withdrawn(self, call: ToolCallState) -> None:
+        """An allowed call was cancelled by the client before it was relayed; it never ran."""
+
+    def on_tool_result(self, call: ToolCallState | None, tool: str | None, response: Message) -> bytes | None:
+        """Observe a server's answer to a tools/call; return replacement bytes or None."""
+        return None
+
+    def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
+        return None
+
+    def on_client_request(self, msg: Message) -> RequestVerdict:
+        """A resources/read, resources/subscribe or prompts/get: `Refuse`, `Rewrite` or None (relay it)."""
+        return None
+
+    def on_response(self, method: str, response: Message) -> bytes | None:
+        """A resources/read, prompts/get or tasks/result answer: replacement bytes or None."""
+        return None
+
+    def on_server_request(self, msg: Message) -> bytes | None:
+        """A request from the server: an error line to send back to it (refused), or None (relay it)."""
+        return None
+
+    def rewrite_server_request(self, msg: Message) -> bytes | None:
+        """A relayed server request as the client may see it, or None to relay it unchanged."""
+        return None
+
+    def on_server_info(self, info: dict[str, Any]) -> None:
+        """The server said who it is (initialize or server/discover)."""
+
+    def on_reject(
+        self,
+        direction: str,
+        reason: str,
+        rejected: Rejected | None,
+        *,
+        size: int | None = None,
+        digest: str | None = None,
+    ) -> None:
+        """A wire-level refusal in either direction: `size` and `digest` (SHA-256) of the refused line."""
+
+    def on_close(self) -> None:
+        """The session is over (after every held call was withdrawn)."""
+
+
+class PolicyChecks(Checks):
+    """Decide with the policy; an allow is relayed only once its record is durable."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        session: SessionState,
+        audit_session: str,
+        server_name: str,
+        argv: list[str],
+        approvals: ApprovalBroker | None = None,
+        protected: Protected | None = None,
+        save_pins: bool = False,
+    ) -> None:
+        self.policy = policy
+        # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
+        self.protected = protected or Protected()
+        self.session = session
+        self.audit_session = audit_session
+        self.server = server_name
+        self._argv0 = argv[0] if argv else ""
+        self._save_pins = save_pins
+        self._emit: Callable[[Action], None] = _ignore
+        # Redaction, resource/prompt/server-request gating, output limits.
+        self.guard = DataGuard(policy, server_name, self._emit_action)
+        self.approvals = approvals
+        # (rule, arguments digest): approval_required answers remembered for the exact call
+        self._exact_approvals: set[tuple[str, str]] = set()
+
+    def attach(self, emit: Callable[[Action], None]) -> None:
+        self._emit = emit
+
+    def _emit_action(self, action: Action) -> None:
+        # The guard is built before the core attaches: it reaches the sink through here.
+        self._emit(action)
+
+    def start(self) -> None:
+        self._append(events.session_start(self.server, self._argv0, self.policy.sha256))
+        self._append(events.policy_load(str(self.policy.source), self.policy.sha256))
+
+    # ------------------------------------------------------------- decisions
+    def needs_listing(self) -> bool:
+        # Nothing is pinned yet (a client that cached a listing, or knows the
+        # tool): Visor lists the tools itself, then judges the call.
+        return not self.session.listing_seen
+
+    def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
+        assert msg.tool is not None and msg.arguments is not None
+        call = ToolCall(self.server, msg.tool, msg.arguments)
+        try:
+            decision = evaluate(self.policy, self.session, call)
+        except Exception as exc:  # a bug must never turn into an allow
+            log.exception("evaluate_failed", tool=msg.tool)
+            decision = Decision(
+                "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
+            )
+        named = self._names_protected(msg.arguments)
+        # The policy saw the original arguments; from here on (audit, server) only redacted ones.
+        msg = self.guard.redact_call(msg)
+        if named is not None:
+            # Above any policy: an answer file written by a tool is the agent approving itself.
+            decision = Decision(
+                "deny",
+                "visor.protected_path",
+                "an argument names Visor's own files (approval directory, audit log, pins or policy); "
+                "no tool call may read or write them",
+            )
+        if decision.action == "allow":
+            return self._allow(msg, call, decision, ctx)
+        if decision.action == "ask":
+            return self._ask(msg, call, decision, ctx)
+        return self._deny(msg, decision, ctx)
+
+    def on_listing_page(self, result: dict[str, Any], cursor: Any) -> None:
+        self._observe_listing(result, cursor)
+
+    def on_listing_failed(self, msg: Message, ctx: CallContext, failure: str) -> Answer:
+        decision = Decision(
+            "deny",
+            "pin.no_tools_list",
+            f"tool {msg.tool!r} was called before the server's tools were listed, and Visor's "
+            f"own tools/list failed ({failure}), so there is nothing to pin the call against",
+        )
+        return self._deny(self.guard.redact_call(msg), decision, ctx)
+
+    def on_call_failed(self, msg: Message, ctx: CallContext, reason: str) -> Answer:
+        return self._deny(self.guard.redact_call(msg), Decision("deny", "internal.error", reason), ctx)
+
+    def _names_protected(self, value: dict[str, Any]) -> str | None:
+        """The string that names Visor's own files under any reading of ``value``
+        (JSON inside strings included, as a server that decodes them reads it)."""
+        if not self.protected:
+            return None
+        named = self.protected.named_by(value)
+        if named is None:
+            try:
+                decoded = readings.every_decoding(value)
+            except readings.AmbiguousJson:
+                return "(arguments nested too deeply to check)"
+            if decoded is not None:
+                named = self.protected.named_by(decoded)
+        return named
+
+    def _deny(self, msg: Message, decision: Decision, ctx: CallContext) -> Answer:
+        self._record(msg, "deny", decision)
+        return Answer(errors.tool_error_result(msg.id, denial_text(decision), modern=ctx.modern))
+
+    def _allow(
+        self,
+        msg: Message,
+        call: ToolCall,
+        decision: Decision,
+        ctx: CallContext,
+        extra: dict[str, Any] | None = None,
+    ) -> AwaitCommit:
+        record = self._event(msg, "allow", decision)
+        if extra:
+            record.update(extra)
+        # Budgets, history and taints change now, not when the fsync returns:
+        # the next pipelined call must already see this one.
+        after = tuple(self._session_record(ev) for ev in self.session.record_allowed(call))
+        return AwaitCommit(record, msg.raw, after, time.monotonic())
+
+    def on_commit_failed(self, call: ToolCallState, error: str) -> Answer:
+        log.error("audit_unhealthy", error=error, tool=call.msg.tool)
+        text = (
+            "Visor denied this call: the audit log cannot be written, so no call can be allowed "
+            f"until Visor is restarted with a working log ({error})"
+        )
+        return Answer(errors.tool_error_result(call.msg.id, text, modern=call.ctx.modern))
+
+    # ------------------------------------------------------------- approvals
+    def _ask(self, msg: Message, call: ToolCall, decision: Decision, ctx: CallContext) -> Verdict:
+        self._record(msg, "ask", decision)
+        scope = remember_scope(decision.rule, decision.argument, decision.destination)
+        if (
+            scope == "exact"
+            and (decision.rule, arguments_digest(call.tool, call.arguments)) in self._exact_approvals
+        ):
+            # The same tool with the same arguments was approved earlier in
+            # this session with "remember": nothing else about it can differ.
+            event = self._event(msg, "approve", decision)
+            event.update(channel="session", remembered=True)
+            self._append(event)
+            allow = Decision(
+                "allow",
+                decision.rule,
+                f"approved earlier in this session: {decision.reason}",
+                decision.destination,
+                decision.argument,
+            )
+            return self._allow(msg, call, allow, ctx, {"approval": "remembered"})
+        broker = self.approvals
+        out_of_band_only = self._out_of_band_only(call)
+        if broker is None or not broker.channels_for(ctx, out_of_band_only=out_of_band_only):
+            failure = "out_of_band" if out_of_band_only else "unavailable"
+            return self._deny(msg, self._no_approval(decision, failure), ctx)
+        # Later messages from the client do not wait behind a human.
+        return self._question(Approval(msg, call, decision), ctx)
+
+    def _question(self, approval: Approval, ctx: CallContext) -> Verdict:
+        """The next question about the call, or its denial when it raised too many."""
+        if approval.rounds >= _MAX_APPROVAL_ROUNDS:
+            too_many = Decision("deny", "approval.rounds", "this call raised too many questions for approval")
+            return self._deny(approval.msg, too_many, ctx)
+        broker = self.approvals
+        assert broker is not None
+        call, current = approval.call, approval.current
+        approval.rounds += 1
+        approval.request = make_request(
+            server=self.server,
+            tool=call.tool,
+            arguments=call.arguments,
+            request_id=approval.msg.id,
+            session=self.audit_session,
+            rule=current.rule,
+            reason=current.reason,
+            destination=current.destination,
+            argument=current.argument,
+            now=time.time(),
+            timeout=broker.timeout,
+            focus=self._approval_focus(call, current),
+        )
+        return AwaitHuman(approval, approval.request, self._out_of_band_only(call))
+
+    def on_approval(self, approval: Approval, outcome: Outcome, ctx: CallContext) -> Verdict:
+        msg, call, current, req = approval.msg, approval.call, approval.current, approval.request
+        assert req is not None
+        answer = outcome.answer
+        if answer is None:
+            return self._deny(msg, self._no_approval(current, outcome.failure), ctx)
+        self._record_answer(msg, current, answer, req.id, req.call_hash)
+        if not answer.approved:
+            declined = Decision(
+                "deny",
+                "approval.declined",
+                f"a human declined it ({current.reason})",
+                current.destination,
+                current.argument,
+            )
+            return self._deny(msg, declined, ctx)
+        approval.approved.append(current)
+        approval.ids.append(req.id)
+        if answer.remember:
+            self._remember(call, current)
+        # Re-check at the moment of the allow: budgets, taints and
+        # pins may have moved while a human was deciding.
+        nxt = self._reevaluate(call, approval.approved)
+        if nxt.action == "deny":
+            return self._deny(msg, nxt, ctx)
+        if nxt.action == "allow":
+            ids = approval.ids
+            return self._allow(msg, call, nxt, ctx, {"approval": ids[0] if len(ids) == 1 else list(ids)})
+        self._record(msg, "ask", nxt)
+        approval.current = nxt
+        return self._question(approval, ctx)
+
+    def on_cancelled(self, call: ToolCallState, *, closing: bool) -> None:
+        approval = call.approval
+        if approval is None:
+            # Still waiting for Visor's own tools/list.
+            reason = "the client cancelled the call while Visor fetched the server's tools/list"
+            self._record(self.guard.redact_call(call.msg), "deny", Decision("deny", "pin.cancelled", reason))
+            return
+        reason = (
+            "the session ended while the call waited for approval"
+            if closing
+            else "the client cancelled the call while it waited for approval"
+        )
+        current = approval.current
+        self._record(
+            approval.msg,
+            "deny",
+            Decision("deny", "approval.cancelled", reason, current.destination, current.argument),
+        )
+
+    def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
+        if decision.rule == UNTRUSTED_OUTPUT_ASK and failure in (None, "unavailable", "out_of_band"):
+            # `untrusted_output: ask` asks only when a human can answer; with
+            # no channel it is the deny it stands for.
+            return Decision(
+                "deny",
+                "provenance.untrusted_output",
+                f"{decision.reason}; no approval channel can ask a human, so it is denied",
+                decision.destination,
+                decision.argument,
+            )
+        broker = self.approvals
+        if failure == "timeout" and broker is not None:
+            rule = "approval.timeout"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and no answer came within "
+                f"{broker.timeout:g} seconds (settings.approval_timeout_seconds), so it is denied"
+            )
+        elif failure == "failed":
+            rule = "approval.failed"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and no approval channel could "
+                "ask (the client's elicitation failed or the approval directory is unwritable), so it is denied"
+            )
+        elif failure == "out_of_band":
+            rule = "approval.unavailable"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and the policy lets only an "
+                "out-of-band channel answer for this tool (approval: out_of_band), never the client's "
+                "elicitation; Visor has none, so it is denied; to be asked, run visor with "
+                "--approval-dir DIR (answer with `visor approve`) or --approval-tty"
+            )
+        else:
+            rule = "approval.unavailable"
+            text = (
+                f"this call needs a human's approval ({decision.reason}) and Visor has no approval channel "
+                "for it, so it is denied; to be asked, run visor with --approval-dir DIR (answer with "
+                "`visor approve`) or --approval-tty, or use a client that declares MCP elicitation "
+                "in initialize"
+            )
+        return Decision("deny", rule, text, decision.destination, decision.argument)
+
+    def _reevaluate(self, call: ToolCall, approved: list[Decision]) -> Decision:
+        """Evaluate again with this call's approvals in force; a question already answered yes passes."""
+        # Destination approvals for this call are lent to the session for one
+        # synchronous evaluation (nothing else runs meanwhile) and taken back
+        # unless the human asked to remember them.
+        lent: list[tuple[str, str, str]] = []
+        for d in approved:
+            if d.destination is not None and d.argument is not None:
+                key = (call.tool, d.argument, d.destination)
+                if key not in self.session.approvals:
+                    self.session.approvals.add(key)
+                    lent.append(key)
+        answered = frozenset((d.rule, d.argument, d.destination) for d in approved)
+        try:
+            nxt = evaluate(self.policy, self.session, call, answered=answered)
+        except Exception as exc:  # a bug must never turn into an allow
+            log.exception("evaluate_failed", tool=call.tool)
+            return Decision("deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})")
+        finally:
+            for key in lent:
+                self.session.approvals.discard(key)
+        if nxt.action == "ask" and any(
+            (nxt.rule, nxt.argument, nxt.destination) == (d.rule, d.argument, d.destination) for d in approved
+        ):
+            return Decision(
+                "allow", nxt.rule, f"approved by a human: {nxt.reason}", nxt.destination, nxt.argument
+            )
+        if nxt.action == "allow":
+            first = approved[0]
+            return Decision(
+                "allow", first.rule, f"approved by a human: {first.reason}", first.destination, first.argument
+            )
+        return nxt
+
+    def _remember(self, call: ToolCall, decision: Decision) -> None:
+        scope = remember_scope(decision.rule, decision.argument, decision.destination)
+        if scope == "destination":
+            # "remember": the destination stays approved across restarts too
+            before = len(self.session.remembered)
+            self.session.remember_approval(call, decision, persist=True)
+            if len(self.session.remembered) != before:
+                self._emit(SaveApprovals(self.session.export_approvals()))
+        elif scope == "exact":
+            self._exact_approvals.add((decision.rule, arguments_digest(call.tool, call.arguments)))
+
+    def _record_answer(
+        self, msg: Message, decision: Decision, answer: ApprovalAnswer, approval_id: str, hash_: str
+    ) -> None:
+        event = self._event(msg, "approve" if answer.approved else "decline", decision)
+        event.update(
+            channel=answer.channel,
+            approval=approval_id,
+            call_hash=hash_,
+            remember=answer.remember,
+            client_reported=answer.client_reported,
+        )
+        if answer.who is not None:
+            event["answered_by"] = answer.who
+            if not answer.client_reported:
+                # A person Visor can name (answer-file owner, terminal owner);
+                # a client's self-reported name is never recorded as one.
+                event["who"] = answer.who
+        if answer.detail is not None:
+            event["detail"] = answer.detail
+        self._append(event)
+        if answer.approved and msg.tool is not None:
+            # Any yes to a destination trusts it for the rest of the session
+            # (tool, argument, destination): a server that echoes "sent to X"
+            # must not turn the next send to X into a deny.
+            self.session.remember_approval(ToolCall(self.server, msg.tool, {}), decision)
+
+    def _out_of_band_only(self, call: ToolCall) -> bool:
+        """The policy lets only the directory or the terminal answer this tool (`approval: out_of_band`)."""
+        try:
+            entry = self.session.effective(call.tool).entry
+        except Exception:  # an unreadable entry: the stricter reading
+            log.exception("approval_mode_failed", tool=call.tool)
+            return True
+        return entry is not None and entry.approval == "out_of_band"
+
+    def _approval_focus(self, call: ToolCall, decision: Decision) -> tuple[str, ...]:
+        """The arguments a human sees first: the one the rule read, then every checked one."""
+        try:
+            entry = self.session.effective(call.tool).entry
+            extra = (*entry.write_params, *entry.sink_params) if entry is not None else ()
+            return focus_arguments(call.arguments, decision.argument, extra)
+        except Exception:
+            log.exception("approval_focus_failed", tool=call.tool)
+            return ()
+
+    def on_withdrawn(self, call: ToolCallState) -> None:
+        # The allow is on record; this says the call never reached the server.
+        msg = call.msg
+        self._append(
+            events.result(
+                server=self.server,
+                tool=msg.tool,
+                request_id=msg.id,
+                outcome="cancelled_before_relay",
+                allow_seq=call.allow_seq,
+            )
+        )
+
+    # ------------------------------------------------------------ observing
+    def on_tool_result(self, call: ToolCallState | None, tool: str | None, response: Message) -> bytes | None:
+        obj = response.obj
+        payload = obj.get("result")
+        outcome = "ok"
+        if payload is None:
+            payload = obj.get("error")
+            outcome = "error"
+        elif payload.get("isError") is True:
+            outcome = "tool_error"
+        if type(payload) is dict:
+            self.session.observe_output(tool, payload)
+        allow_seq: int | None = None
+        duration_ms: float | None = None
+        if call is not None and call.allow_seq is not None and call.started is not None:
+            allow_seq = call.allow_seq
+            duration_ms = round((time.monotonic() - call.started) * 1000, 3)
+        self._append(
+            events.result(
+                server=self.server,
+                tool=tool,
+                request_id=response.id,
+                outcome=outcome,
+                size=len(response.raw),
+                allow_seq=allow_seq,
+                duration_ms=duration_ms,
+            )
+        )
+        # Observed above as the server sent it; the client gets it redacted and within limits.
+        return self.guard.tool_result(tool, response)
+
+    def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
+        result = response.obj.get("result")
+        if type(result) is not dict:
+            return None
+        params = request.obj.get("params") if request is not None else None
+        cursor = params.get("cursor") if type(params) is dict else None
+        self._observe_listing(result, cursor)
+        return self.guard.hide_tools(self.session, response)
+
+    def _observe_listing(self, result: dict[str, Any], cursor: Any) -> None:
+        """One tools/list page, the client's or Visor's own: pins and output schemas."""
+        changes = self.session.observe_tools_list(result, cursor)
+        for ev in changes:
+            self._append(self._session_record(ev))
+        if changes and self._save_pins:
+            self._emit(SavePins(self.session.export_pins()))
+        # Pins and output schemas come from the full list; hiding happens after.
+        self.guard.observe_tools_list(result)
+
+    def on_client_request(self, msg: Message) -> RequestVerdict:
+        params = msg.obj.get("params")
+        if type(params) is dict and self._names_protected(params) is not None:
+            # A resource read of a pending approval file would hand the agent the
+            # hash an answer must carry: Visor's own files are nobody's resource.
+            reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"
+            self._append(
+                events.request_verdict(
+                    "deny",
+                    server=self.server,
+                    method=msg.method,
+                    request_id=msg.id,
+                    rule="visor.protected_path",
+                    reason=reason,
+                    policy=self.policy.sha256,
+                )
+            )
+            return Refuse(
+                errors.error_response(
+                    msg.id,
+                    DENIED_REQUEST,
+                    f"Visor denied {msg.method}: {reason} (rule: visor.protected_path)",
+                    {"visor": {"rule": "visor.protected_path"}},
+                )
+            )
+        return self.guard.client_request(msg)
+
+    def on_response(self, method: str, response: Message) -> bytes | None:
+        """A resources/read, prompts/get or tasks/result answer: untrusted output like a tool
+        result (indexed for provenance as the server sent it), redacted for the client."""
+        obj = response.obj
+        payload = obj.get("result", obj.get("error"))
+        if type(payload) is dict:
+            self.session.observe_output(None, payload)
+        if method == "tasks/result":
+            # the deferred result of a task-augmented tools/call: a tool result in all but timing
+            return self.guard.tool_result(None, response)
+        return self.guard.response(method, response)
+
+    def on_server_request(self, msg: Message) -> bytes | None:
+        refusal = self.guard.server_request(msg)
+        if refusal is None:
+            # What the server asks the client's model (sampling) or user (elicitation)
+            # to read is the server's text: untrusted output.
+            params = msg.obj.get("params")
+            if type(params) is dict:
+                self.session.observe_output(None, params)
+        return refusal
+
+    def rewrite_server_request(self, msg: Message) -> bytes | None:
+        """The server request as the client may see it (secrets redacted), or None if unchanged."""
+        return self.guard.redact_server_request(msg)
+
+    def on_server_info(self, info: dict[str, Any]) -> None:
+        for ev in self.session.observe_server_info(info):
+            self._append(self._session_record(ev))
+
+    def on_reject(
+        self,
+        direction: str,
+        reason: str,
+        rejected: Rejected | None,
+        *,
+        size: int | None = None,
+        digest: str | None = None,
+    ) -> None:
+        self._append(
+            events.reject(
+                server=self.server,
+                direction=direction,
+                reason=reason,
+                size=size,
+                digest=digest,
+                code=rejected.code if rejected is not None else None,
+                method=rejected.method if rejected is not None else None,
+                tool=rejected.tool if rejected is not None else None,
+                request_id=rejected.reply_ids[0] if rejected is not None and rejected.reply_ids else None,
+                has_id=rejected is not None and bool(rejected.reply_ids),
+            )
+        )
+
+    def on_close(self) -> None:
+        self._append(events.session_end(self.server))
+
+    # ------------------------------------------------------------- evidence
+    def _event(self, msg: Message, kind: str, decision: Decision) -> dict[str, Any]:
+        return events.call_verdict(
+            kind,
+            server=self.server,
+            tool=msg.tool,
+            request_id=msg.id,
+            arguments=msg.arguments,
+            decision=decision,
+            policy=self.policy.sha256,
+        )
+
+    def _record(self, msg: Message, kind: str, decision: Decision) -> None:
+        event = self._event(msg, kind, decision)
+        self._append(event)
+        if kind in ("deny", "ask"):
+            # One line on stderr per deny and per question, with the command that answers it.
+            self._emit(Announce(event, LOGGER))
+
+    def _session_record(self, ev: SessionEvent) -> dict[str, Any]:
+        kind = ev.kind
+        detail = dict(ev.detail)
+        if kind == "pin_new":
+            # A tool that appeared after the first listing: pinned, but never trusted.
+            kind = "pin"
+            detail["late"] = True
+        return events.session_change(kind, self.server, ev.tool, detail)
+
+    def _append(self, event: dict[str, Any]) -> None:
+        self._emit(AppendRecord(event))

@@ -1,0 +1,167 @@
+"""Decisions on requests other than tools/call: resources, prompts, server requests.
+
+Pure functions of the policy (and, for hidden tools, the session): each
+returns a deny `Decision`, or None when the request may go ahead. The core
+(visor/core/guard.py) turns a deny into the error a client or server reads
+and the audit record.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from visor.policy import paths, readings
+from visor.policy.evaluate import Decision
+
+if TYPE_CHECKING:
+    from visor.policy.schema import AccessList, Policy
+    from visor.session import SessionState
+
+# Server requests the policy can refuse, by the short name used in the policy.
+SERVER_REQUEST_KEYS = {"sampling/createMessage": "sampling", "elicitation/create": "elicitation"}
+
+
+def _registration(policy: Policy, server: str, what: str) -> Decision | None:
+    """The server-level part of registration, shared by resources and prompts."""
+    entry = policy.server(server)
+    if entry is None:
+        if policy.default_action == "deny":
+            return Decision("deny", "registration.unknown_server", f"server {server!r} is not in the policy")
+        return None
+    if not entry.allowed:
+        return Decision(
+            "deny", f"servers[{entry.name}].allowed", f"server {entry.name!r} is not allowed ({what})"
+        )
+    return None
+
+
+def _acl(
+    acl: AccessList | None,
+    candidates: tuple[str, ...],
+    rule: str,
+    what: str,
+    path_forms: tuple[str, ...] = (),
+) -> Decision | None:
+    """Deny wins if any reading matches a deny glob (compared as a case-insensitive
+    file system would); an allow list must admit every reading of a file path
+    (as a path or as its ``file://`` URI), else the name or URI as written."""
+    if acl is None:
+        return None
+    every = candidates + path_forms
+    for glob in acl.deny:
+        if any(glob.match(c) or glob.match_folded(c) for c in every):
+            return Decision("deny", f"{rule}.deny", f"{what} matches deny pattern {glob.pattern!r}")
+    if acl.allow is None:
+        return None
+    if path_forms:
+        admitted = all(any(g.match(f) or g.match("file://" + f) for g in acl.allow) for f in path_forms)
+    else:
+        admitted = any(g.match(c) for g in acl.allow for c in candidates)
+    if not admitted:
+        return Decision("deny", f"{rule}.allow", f"{what} matches no allow pattern")
+    return None
+
+
+def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
+    """A deny, or None when the URI may be read.
+
+    A ``file:`` URI goes through the same normalisation and sensitive-file
+    list as a path argument of a tool (symlinks resolved where the file
+    exists), so ``file:///home/me/.env`` is denied with no ``resources:``
+    section at all. Allow/deny globs match the URI as written and, for a
+    file URI, each normalised form of its path.
+    """
+    candidates: tuple[str, ...] = (uri,)
+    if uri[:5].lower() == "file:":
+        try:
+            forms = paths.forms(uri)
+        except paths.PathError as e:
+            return Decision("deny", "resource.invalid", f"resource URI cannot be checked: {e}")
+        extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
+        for form in forms:
+            if paths.is_sensitive(form, extra):
+                return Decision(
+                    "deny", "resource.sensitive", f"resource {uri!r} names a sensitive file ({form})"
+                )
+        path_forms: tuple[str, ...] = forms
+    else:
+        path_forms = ()
+    found = _registration(policy, server, "resources")
+    if found is not None:
+        return found
+    entry = policy.server(server)
+    prefix = f"servers[{entry.name}].resources" if entry else "resources"
+    return _acl(entry.resources if entry else None, candidates, prefix, f"resource {uri!r}", path_forms)
+
+
+def prompt_decision(policy: Policy, server: str, name: str) -> Decision | None:
+    """A deny, or None. Without a ``prompts:`` section an allowed server's prompts are allowed:
+    a prompt is a template the user picks, it runs nothing, and its arguments are redacted."""
+    found = _registration(policy, server, "prompts")
+    if found is not None:
+        return found
+    entry = policy.server(server)
+    prefix = f"servers[{entry.name}].prompts" if entry else "prompts"
+    return _acl(entry.prompts if entry else None, (name,), prefix, f"prompt {name!r}")
+
+
+def prompt_arguments_decision(policy: Policy, arguments: dict[str, Any]) -> Decision | None:
+    """A deny when a prompt argument names a sensitive file, under every reading of it.
+
+    A prompt that reads a file named by its argument hands the file to the
+    model as surely as a tool does: its arguments get the tool arguments'
+    path and sensitive-file checks (Visor's own files are checked by the gate).
+    """
+    extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
+    candidates: list[dict[str, Any]] = [arguments]
+    try:
+        decoded = readings.every_decoding(arguments)
+    except readings.AmbiguousJson as e:
+        return Decision("deny", "prompt.invalid", f"a prompt argument cannot be read with certainty: {e}")
+    if decoded is not None:
+        candidates.append(decoded)
+    for args in candidates:
+        for name, raw in paths.iter_path_values(args):
+            try:
+                forms = paths.forms(raw)
+            except paths.PathError as e:
+                return Decision("deny", "prompt.invalid", f"prompt argument {name!r} cannot be checked: {e}")
+            for form in forms:
+                if paths.is_sensitive(form, extra):
+                    return Decision(
+                        "deny",
+                        "prompt.sensitive",
+                        f"prompt argument {name!r} names a sensitive file ({form})",
+                    )
+    return None
+
+
+def server_request_decision(policy: Policy, server: str, method: str) -> Decision | None:
+    """A deny for a server-initiated request the policy refuses, else None (the default is allow:
+    the client itself asks its user before sampling or showing an elicitation)."""
+    key = SERVER_REQUEST_KEYS.get(method)
+    if key is None:
+        return None
+    entry = policy.server(server)
+    if entry is not None and entry.server_requests.get(key) == "deny":
+        return Decision(
+            "deny",
+            f"servers[{entry.name}].server_requests.{key}",
+            f"the policy refuses {method} from this server",
+        )
+    return None
+
+
+def statically_denied(policy: Policy, session: SessionState, tool: str) -> bool:
+    """Whether every call of `tool` is denied whatever its arguments (what hide_denied_tools hides)."""
+    entry = session.server_entry
+    default_deny = policy.default_action == "deny"
+    if entry is None:
+        return default_deny
+    if not entry.allowed:
+        return True
+    eff = session.effective(tool)
+    if not eff.registered and default_deny:
+        return True
+    te = eff.entry
+    return te is not None and (te.allowed is False or te.max_calls == 0)
