@@ -47,9 +47,17 @@ go-toolchain:
 		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; }; }; } || \
 		echo "note: go could not be installed; the Go differential tests will skip"
 
+# Packages that mypy checks (strict where pyproject.toml says so) and that are
+# clean today; a package joins the list once it passes. MYPY_PENDING: files
+# under them that do not pass yet, left out by name until they do.
+MYPY_PATHS := visor/wire visor/policy
+MYPY_PENDING := ^visor/policy/(commands|lint|effective)\.py$$
+
 # tests/eval needs AgentDojo, which only `make eval` installs: it runs there.
 test: $(STAMP) $(NODE_SERVER) go-toolchain conformance-tools
 	$(BIN)/ruff check visor tests
+	$(BIN)/ruff format --check visor tests
+	$(BIN)/python -m mypy --exclude '$(MYPY_PENDING)' $(MYPY_PATHS)
 	$(BIN)/python -m pytest -q --ignore=tests/eval
 
 # The demo needs Visor and its runtime dependencies only, not the test extras.

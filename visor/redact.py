@@ -2,8 +2,8 @@
 
 Strings (or parsed JSON values) go in; redacted copies and a list of
 `Finding`s (JSON path and pattern name, never the secret) come out. Nothing
-here does I/O or knows about the relay: `visor.gate` decides which parts of
-which message are passed through which `PatternSet`.
+here does I/O or knows about the relay: the relay's `DataGuard` decides which
+parts of which message are passed through which `PatternSet`.
 
 Why it is shaped this way:
 

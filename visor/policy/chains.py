@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from fnmatch import fnmatchcase
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from visor.policy import paths
@@ -25,7 +26,7 @@ def name_matches(patterns: Sequence[str], name: str) -> bool:
 
 
 def taints_set_by(
-    taints: Sequence[Taint], server: str, tool: str, arguments: dict
+    taints: Sequence[Taint], server: str, tool: str, arguments: dict[str, Any]
 ) -> list[tuple[Taint, str]]:
     """Taints that an allowed call sets, with the argument value that matched.
 
@@ -50,7 +51,7 @@ def taints_set_by(
     return hits
 
 
-def _taint_candidates(arguments: dict) -> list[str]:
+def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
     """Every reading of each path-like argument; a taint is set when any
     reading matches (strictest wins). A URL's path counts as the raw text
     after the host, the canonical path the fetching client sends

@@ -91,7 +91,6 @@ _IBAN_RE = re.compile(r"[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}")
 # whitespace splits into chunks. Every length from 15 on is indexed, so a
 # word that follows the number cannot hide it.
 _IBAN_TEXT = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}[0-9]{2}(?: ?[A-Za-z0-9]){11,32}")
-_SPACES = re.compile(r"\s+")
 _LIST_SEP = re.compile(r"[,;]")
 _LIST_SPLIT = re.compile(r"[,;\s]+")
 _BRACKETS = re.compile(r"<([^<>]*)>")
@@ -123,7 +122,8 @@ _JSON_ESCAPES = re.compile(r"(?:\\u[0-9A-Fa-f]{4})+")
 
 def _json_unescape(m: re.Match[str]) -> str:
     try:
-        return json.loads('"' + m.group(0) + '"')
+        text: str = json.loads('"' + m.group(0) + '"')
+        return text
     except ValueError:
         return m.group(0)
 
@@ -635,12 +635,13 @@ class OutputIndex:
     _SHORT_CAP = 32_768
 
     def __init__(self, max_keys: int = DEFAULT_INDEX_MAX_KEYS, trace: bool = False) -> None:
-        self._keys: DigestTable | set[str] = TracingTable(max_keys) if trace else DigestTable(max_keys)
+        tracing = TracingTable(max_keys) if trace else None
+        self._keys: DigestTable | set[str] = tracing if tracing is not None else DigestTable(max_keys)
         self._seen_chunks: set[str] = set()
         self._seen_texts: set[str] = set()
         # With ``trace``: where each key was first seen (``TracingTable``), for
         # the text of a question; None otherwise (nothing is recorded).
-        self.where = self._keys if trace else None
+        self.where: TracingTable | None = tracing
 
     def set_where(self, where: tuple[str, str]) -> None:
         """The (tool, field) the next ``add`` calls index; a no-op without ``trace``."""

@@ -4,6 +4,12 @@
 (docs/policy.md, "Decision order"). A check may deny, ask or pass. The first
 deny wins at once; an ask is remembered and returned only after every later
 check has had its chance to deny, so an ask never hides a deny.
+
+The checks a policy can never trigger are left out of its plan, compiled once
+when the policy is loaded (``compile_policy``, kept on ``Policy.compiled``).
+The evaluator reads the session (visor/policy/facts.py) and changes nothing
+in it that a later verdict could tell apart: the only writes are to the
+session's own memo tables, filled by reading.
 """
 
 from __future__ import annotations
@@ -11,48 +17,49 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
 
 import orjson
 
 from visor.policy import attestation, chains, paths, readings, rules, shell
 from visor.policy import destinations as dst
-from visor.policy.schema import Policy, ToolPolicy
+from visor.policy.decision import Decision, ToolCall, stricter
+from visor.policy.decision import ask as _ask
+from visor.policy.decision import deny as _deny
+from visor.policy.facts import EffectiveTool, SessionFacts
+from visor.policy.ruletypes import RULE_TYPES
+from visor.policy.schema import ChainMatch, Policy, ToolChain, ToolPolicy
 
-if TYPE_CHECKING:
-    from visor.session import Effective, SessionState
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    server: str  # the --server-name given to `visor run` ("" when none)
-    tool: str
-    arguments: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    action: Literal["allow", "deny", "ask"]
-    rule: str
-    reason: str
-    destination: str | None = None
-    argument: str | None = None
+# ToolCall, Decision and stricter live in visor/policy/decision.py; these
+# names stay importable from here for the modules that import them so.
+__all__ = [
+    "CHECKS",
+    "UNTRUSTED_OUTPUT_ASK",
+    "Compiled",
+    "Decision",
+    "ToolCall",
+    "compile_policy",
+    "evaluate",
+    "stricter",
+]
 
 
 class _Ctx:
     """Per-call facts computed at most once and shared by the checks."""
 
-    __slots__ = ("_now", "_paths", "_view", "call", "eff", "policy", "prefix", "session")
+    __slots__ = ("_now", "_paths", "_view", "call", "eff", "memo", "policy", "prefix", "session")
 
-    def __init__(self, policy: Policy, session: SessionState, call: ToolCall, now: datetime | None) -> None:
+    def __init__(
+        self, policy: Policy, session: SessionFacts, call: ToolCall, now: datetime | None, memo: _Memo
+    ) -> None:
         self.policy = policy
         self.session = session
         self.call = call
         self._now = now
-        self.eff: Effective = session.effective(call.tool)
+        self.memo = memo
+        self.eff: EffectiveTool = session.effective(call.tool)
         srv = session.server_entry
         self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
-        self._paths: list[tuple[str, str, tuple[str, ...]]] | None = None
+        self._paths: list[rules.PathValue] | None = None
         self._view: rules.CallView | None = None
 
     @property
@@ -72,7 +79,7 @@ class _Ctx:
             self._now = datetime.now(UTC)
         return self._now
 
-    def paths(self) -> list[tuple[str, str, tuple[str, ...]]]:
+    def paths(self) -> list[rules.PathValue]:
         """``(argument, raw, forms)`` for every path-like value; raises PathError."""
         if self._paths is None:
             extra = self.entry.write_params if self.entry is not None else ()
@@ -86,14 +93,6 @@ class _Ctx:
 Check = Callable[[_Ctx], "Decision | None"]
 
 
-def _deny(rule: str, reason: str, **kw: str | None) -> Decision:
-    return Decision("deny", rule, reason, **kw)  # type: ignore[arg-type]
-
-
-def _ask(rule: str, reason: str, **kw: str | None) -> Decision:
-    return Decision("ask", rule, reason, **kw)  # type: ignore[arg-type]
-
-
 # ------------------------------------------------------------------ 2. pins
 
 
@@ -103,12 +102,12 @@ def check_attestation(c: _Ctx) -> Decision | None:
     (visor/policy/attestation.py). mcp-visor checks this first, before limits."""
     srv = c.session.server_entry
     att = srv.attestation if srv is not None else None
-    if att is None:
+    if srv is None or att is None:
         return None
     why = attestation.verdict(att.observed, att.unresolved, att.digest)
     if why is None:
         return None
-    return _deny(f"servers[{srv.name}].attestation", why)  # type: ignore[union-attr]
+    return _deny(f"servers[{srv.name}].attestation", why)
 
 
 def check_server_pin(c: _Ctx) -> Decision | None:
@@ -284,23 +283,11 @@ def check_path_rules(c: _Ctx) -> Decision | None:
         return None
     found = c.paths()
     for rule in entry.rules:
-        if rule.type == "deny_path":
-            for name, raw, forms in found:
-                # any reading, compared as a case- and NFC/NFD-insensitive file system would
-                for candidate in (raw.strip(), *forms):
-                    if any(g.match_folded(candidate) for g in rule.globs):
-                        return _deny(
-                            f"{c.prefix}.deny_path",
-                            f"argument {name!r} ({forms[0]}) matches a deny_path pattern",
-                        )
-        elif rule.type == "allow_path":
-            for name, _raw, forms in found:
-                for form in forms:
-                    if not any(g.match(form) for g in rule.globs):
-                        return _deny(
-                            f"{c.prefix}.allow_path",
-                            f"argument {name!r} ({form}) is outside every allow_path pattern",
-                        )
+        check = RULE_TYPES[rule.type].path_check
+        if check is not None:
+            reason = check(rule, found)
+            if reason is not None:
+                return _deny(f"{c.prefix}.{rule.type}", reason)
     return None
 
 
@@ -339,9 +326,10 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
     view = c.view
     screens = entry.screens
     pending: Decision | None = None
-    allow_list = any(t == "allow_command_pattern" for t, _f, _g in entry.plan)
+    allow_list = any(RULE_TYPES[t].admits_commands for t, _f, _g in entry.plan)
     for rtype, fn, group in entry.plan:
-        if rtype in ("deny_command_pattern", "deny_command_keyword") and pending is None and not allow_list:
+        spec = RULE_TYPES[rtype]
+        if spec.denies_commands and pending is None and not allow_list:
             # deny lists alone cannot vouch for a command Visor cannot read with
             # certainty: a human decides (after every deny had its chance)
             why = view.unreadable()
@@ -350,7 +338,7 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
         screen = screens.get(rtype)
         if screen is not None:
             # one combined regex tells whether any pattern of this type can match
-            texts = view.commands() if rtype == "deny_command_pattern" else view.queries()
+            texts = view.commands() if spec.screen == "commands" else view.queries()
             if not any(screen.search(t) for _w, _p, ts in texts for t in ts):
                 continue
         for rule in group:
@@ -532,8 +520,8 @@ def check_chains(c: _Ctx) -> Decision | None:
     # Every chain that is not "allow" and whose sinks include this call fires
     # when one of its sources ran within the chain's own window (or the
     # policy's chain_window_size); the name matching (a regex per sink and
-    # source) is memoised per policy.
-    memo = _memo(c.policy)
+    # source) is memoised in the policy's compiled plan.
+    memo = c.memo
     key = (c.call.server, c.call.tool)
     hits = memo.sink_chains.get(key)
     if hits is None:
@@ -542,22 +530,16 @@ def check_chains(c: _Ctx) -> Decision | None:
             for chain in c.policy.tool_chains
             if chain.action != "allow" and any(s.matches(*key) for s in chain.sinks)
         )
-        memo.remember(memo.sink_chains, key, hits)
+        memo.remember_sinks(key, hits)
     if not hits:
         return None
     window = c.policy.settings.chain_window_size
     history = c.session.history
-    sources = memo.sources
     for chain in hits:
         w = chain.within_calls or window
         recent = history[-w:] if w < len(history) else history
         for entry in recent:
-            skey = (id(chain), entry)
-            hit = sources.get(skey)
-            if hit is None:
-                hit = any(src.matches(*entry) for src in chain.sources)
-                memo.remember(sources, skey, hit)
-            if hit:
+            if memo.is_source(chain, entry):
                 return Decision(
                     chain.action,
                     f"tool_chains[{chain.name}]",
@@ -593,8 +575,8 @@ def check_approval(c: _Ctx) -> Decision | None:
     if entry is None:
         return None
     for rule in entry.rules:
-        if rule.type == "require_approval_always":
-            return _ask(f"{c.prefix}.require_approval_always", f"tool {c.call.tool!r} always needs approval")
+        if RULE_TYPES[rule.type].always_asks:
+            return _ask(f"{c.prefix}.{rule.type}", f"tool {c.call.tool!r} always needs approval")
     if entry.approval_required:
         return _ask(f"{c.prefix}.approval_required", f"tool {c.call.tool!r} needs approval")
     return None
@@ -636,7 +618,7 @@ def _tools(policy: Policy) -> list[ToolPolicy]:
 _SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
     # packs carry no rules, prefixes or patterns: only policy entries can
     check_path_rules: lambda p: (
-        not any(r.type in ("deny_path", "allow_path") for t in _tools(p) for r in t.rules)
+        not any(RULE_TYPES[r.type].path_check is not None for t in _tools(p) for r in t.rules)
     ),
     check_path_prefixes: lambda p: not any(t.allowed_path_prefixes for t in _tools(p)),
     check_argument_rules: lambda p: not any(t.plan for t in _tools(p)),
@@ -649,54 +631,66 @@ _SKIPPABLE: dict[Check, Callable[[Policy], bool]] = {
     check_identity: lambda p: not p.identities,
     check_time: lambda p: not p.time_restrictions,
 }
-_PLANS: dict[int, tuple[Policy, tuple[Check, ...]]] = {}
 
 
 class _Memo:
-    """Name matching results for one policy (policies are immutable). Bounded:
-    tool and server names come from the client."""
+    """Name matching results of one policy's chains (the policy is immutable).
+    Bounded: tool and server names come from the client."""
 
     __slots__ = ("sink_chains", "sources")
     CAP = 4096
 
     def __init__(self) -> None:
-        self.sink_chains: dict[tuple[str, str], tuple] = {}
+        self.sink_chains: dict[tuple[str, str], tuple[ToolChain, ...]] = {}
         self.sources: dict[tuple[int, tuple[str, str]], bool] = {}
 
-    def remember(self, table: dict, key: object, value: object) -> None:
-        if len(table) >= self.CAP:
-            table.clear()
-        table[key] = value
+    def remember_sinks(self, key: tuple[str, str], chains: tuple[ToolChain, ...]) -> None:
+        if len(self.sink_chains) >= self.CAP:
+            self.sink_chains.clear()
+        self.sink_chains[key] = chains
+
+    def is_source(self, chain: ToolChain, entry: tuple[str, str]) -> bool:
+        """Whether the call ``entry`` (server, tool) is one of the chain's sources."""
+        key = (id(chain), entry)  # chains live as long as the policy that holds this memo
+        hit = self.sources.get(key)
+        if hit is None:
+            hit = _any_matches(chain.sources, entry)
+            if len(self.sources) >= self.CAP:
+                self.sources.clear()
+            self.sources[key] = hit
+        return hit
 
 
-_MEMOS: dict[int, tuple[Policy, _Memo]] = {}
+def _any_matches(matches: tuple[ChainMatch, ...], entry: tuple[str, str]) -> bool:
+    return any(m.matches(*entry) for m in matches)
 
 
-def _memo(policy: Policy) -> _Memo:
-    hit = _MEMOS.get(id(policy))
-    if hit is not None and hit[0] is policy:
-        return hit[1]
-    if len(_MEMOS) > 64:
-        _MEMOS.clear()
-    memo = _Memo()
-    _MEMOS[id(policy)] = (policy, memo)
-    return memo
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """What the evaluator derives from one policy, once: the checks that can
+    fire for it, in the decision order, and the memo of its chains' name
+    matching. Built by the loader (``Policy.compiled``)."""
+
+    checks: tuple[Check, ...]
+    memo: _Memo
 
 
-def _plan(policy: Policy) -> tuple[Check, ...]:
-    hit = _PLANS.get(id(policy))
-    if hit is not None and hit[0] is policy:
-        return hit[1]
-    plan = tuple(check for _n, check in CHECKS if not (check in _SKIPPABLE and _SKIPPABLE[check](policy)))
-    if len(_PLANS) > 64:  # policies are few; never let the cache grow without bound
-        _PLANS.clear()
-    _PLANS[id(policy)] = (policy, plan)
+def compile_policy(policy: Policy) -> Compiled:
+    checks = tuple(c for _n, c in CHECKS if not (c in _SKIPPABLE and _SKIPPABLE[c](policy)))
+    return Compiled(checks, _Memo())
+
+
+def _compiled_of(policy: Policy) -> Compiled:
+    plan = policy.compiled
+    if plan is None:
+        # A Policy built by hand rather than loaded (tests): compiled for this call only.
+        plan = compile_policy(policy)
     return plan
 
 
 def evaluate(
     policy: Policy,
-    session: SessionState,
+    session: SessionFacts,
     call: ToolCall,
     now: datetime | None = None,
     answered: frozenset[tuple[str, str | None, str | None]] = frozenset(),
@@ -735,25 +729,18 @@ def evaluate(
     return stricter(first, _evaluate_reading(policy, session, second, now, answered))
 
 
-_RANK = {"allow": 0, "ask": 1, "deny": 2}
-
-
-def stricter(a: Decision, b: Decision) -> Decision:
-    """The stricter of two verdicts on readings of one call (the first on a tie)."""
-    return b if _RANK[b.action] > _RANK[a.action] else a
-
-
 def _evaluate_reading(
     policy: Policy,
-    session: SessionState,
+    session: SessionFacts,
     call: ToolCall,
     now: datetime | None,
     answered: frozenset[tuple[str, str | None, str | None]],
 ) -> Decision:
-    """Decide one reading of a call. Reads ``session``, never changes it."""
-    ctx = _Ctx(policy, session, call, now)
+    """Decide one reading of a call."""
+    plan = _compiled_of(policy)
+    ctx = _Ctx(policy, session, call, now, plan.memo)
     pending: Decision | None = None
-    for check in _plan(policy):
+    for check in plan.checks:
         try:
             d = check(ctx)
         except paths.PathError as e:

@@ -29,6 +29,7 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import yaml
 
@@ -139,7 +140,7 @@ def render(path: tuple[str | None, ...]) -> str:
 # ------------------------------------------------------------- structured text
 
 
-class Pairs(list):
+class Pairs(list[tuple[str, Any]]):
     """A mapping read from text as its (key, value) pairs in order, duplicates
     kept: a reader that keeps the last of two equal keys would hide the first."""
 

@@ -1,10 +1,13 @@
-"""YAML -> Policy, strictly.
+"""YAML -> Policy, strictly: the sections of a policy and of a pack.
 
 The YAML is composed into nodes (which keep their line numbers) and read by a
-small typed reader: unknown keys, duplicate keys, wrong scalar types, negative
-numbers, bad regexes and missing required keys are all errors that name the
-file, the line and the key path. Nothing is defaulted silently where the
-mcp-visor loader would have read a missing ``allowed`` as false.
+small typed reader (visor/policy/reader.py): unknown keys, duplicate keys,
+wrong scalar types, negative numbers, bad regexes and missing required keys
+are all errors that name the file, the line and the key path. A tool's
+``rules:`` are read by their rule type (visor/policy/ruletypes.py). Nothing is
+defaulted silently where the mcp-visor loader would have read a missing
+``allowed`` as false. The loaded policy carries its evaluation plan, compiled
+here once.
 """
 
 from __future__ import annotations
@@ -14,16 +17,21 @@ import os
 import re
 from dataclasses import replace
 from importlib import resources
-from typing import Any, NoReturn
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from visor.policy import fields, paths
+from visor.policy.evaluate import compile_policy
+from visor.policy.reader import TAG, Reader, compose, kind_of
+from visor.policy.reader import PolicyError as PolicyError
+from visor.policy.ruletypes import build_plan as build_plan
+from visor.policy.ruletypes import build_screens as build_screens
+from visor.policy.ruletypes import read_rule
 from visor.policy.schema import (
     ATTESTATION_KINDS,
-    RULE_TYPES,
     AccessList,
     Action,
     Attestation,
@@ -35,7 +43,6 @@ from visor.policy.schema import (
     Policy,
     Redaction,
     RedactionPattern,
-    Rule,
     ServerPolicy,
     Settings,
     Taint,
@@ -45,20 +52,6 @@ from visor.policy.schema import (
     ToolPolicy,
 )
 
-
-class PolicyError(Exception):
-    """A policy that must not be used. ``str(e)`` is ``file:line: key.path: message``."""
-
-    def __init__(self, source: str, line: int, key: str, message: str) -> None:
-        self.source = source
-        self.line = line
-        self.key = key
-        self.message = message
-        where = f"{source}:{line}" if line else source
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
-
-
-_TAG = "tag:yaml.org,2002:"
 _DAYS = {
     "monday": 1,
     "tuesday": 2,
@@ -84,128 +77,6 @@ _HINTS = {
     ("tool", "tools"): "tools: belongs to a server entry",
     ("tool", "patterns"): "patterns belong to a rule under rules:",
 }
-
-
-class _Reader:
-    """Typed access to composed YAML nodes, with errors that carry marks."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, node: Node | None, key: str, message: str) -> NoReturn:
-        line = node.start_mark.line + 1 if node is not None else 0
-        raise PolicyError(self.source, line, key, message)
-
-    def mapping(
-        self,
-        node: Node,
-        key: str,
-        allowed: set[str] | frozenset[str],
-        required: tuple[str, ...] = (),
-        kind: str = "",
-    ) -> dict[str, Node]:
-        if not isinstance(node, MappingNode):
-            self.fail(node, key, f"expected a mapping, got {_kind(node)}")
-        out: dict[str, Node] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, ScalarNode) or knode.tag != _TAG + "str":
-                self.fail(knode, key, f"keys must be strings, got {_kind(knode)}")
-            name = knode.value
-            if name in out:
-                self.fail(knode, f"{key}.{name}" if key else name, f"duplicate key {name!r}")
-            if name not in allowed:
-                hint = _HINTS.get((kind, name))
-                where = f" at {kind} level" if kind else ""
-                extra = f" ({hint})" if hint else f"; expected one of: {', '.join(sorted(allowed))}"
-                self.fail(knode, f"{key}.{name}" if key else name, f"unknown key {name!r}{where}{extra}")
-            out[name] = vnode
-        for r in required:
-            if r not in out:
-                self.fail(node, f"{key}.{r}" if key else r, f"missing required key {r!r}")
-        return out
-
-    def str_(self, node: Node, key: str, nonempty: bool = True) -> str:
-        if not isinstance(node, ScalarNode) or node.tag != _TAG + "str":
-            self.fail(node, key, f"expected a string, got {_kind(node)}")
-        value = str(node.value)
-        if nonempty and not value.strip():
-            self.fail(node, key, "must not be empty")
-        return value
-
-    def bool_(self, node: Node, key: str) -> bool:
-        if not isinstance(node, ScalarNode) or node.tag != _TAG + "bool":
-            self.fail(node, key, f"expected true or false, got {_kind(node)}")
-        return node.value.lower() in ("true", "yes", "on")
-
-    def int_(self, node: Node, key: str, minimum: int = 0) -> int:
-        if not isinstance(node, ScalarNode) or node.tag != _TAG + "int":
-            self.fail(node, key, f"expected an integer, got {_kind(node)}")
-        try:
-            value = int(node.value.replace("_", ""), 0)
-        except ValueError:
-            self.fail(node, key, f"expected an integer, got {node.value!r}")
-        if value < minimum:
-            self.fail(node, key, f"must be >= {minimum}, got {value}")
-        return value
-
-    def list_(self, node: Node, key: str) -> list[Node]:
-        if isinstance(node, ScalarNode) and node.tag == _TAG + "null":
-            return []
-        if not isinstance(node, SequenceNode):
-            self.fail(node, key, f"expected a list, got {_kind(node)}")
-        return list(node.value)
-
-    def strs(self, node: Node, key: str, nonempty: bool = False) -> tuple[str, ...]:
-        items = self.list_(node, key)
-        if nonempty and not items:
-            self.fail(node, key, "must not be an empty list")
-        return tuple(self.str_(n, f"{key}[{i}]") for i, n in enumerate(items))
-
-    def choice(self, node: Node, key: str, choices: tuple[str, ...]) -> str:
-        value = self.str_(node, key)
-        if value not in choices:
-            self.fail(node, key, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
-
-    def regex(self, node: Node, key: str, flags: int = 0) -> re.Pattern[str]:
-        text = self.str_(node, key)
-        try:
-            return re.compile(text, flags)
-        except re.error as e:
-            self.fail(node, key, f"regular expression {text!r} does not compile: {e}")
-
-    def glob(self, node: Node, key: str) -> Glob:
-        text = self.str_(node, key)
-        if not text.startswith(("/", "*")) and not text.startswith("~"):
-            # relative globs resolve against the working directory, like relative paths
-            text = os.path.join(os.getcwd(), text)
-        elif text.startswith("~"):
-            text = os.path.expanduser(text)
-        try:
-            return paths.compile_glob(text)
-        except re.error as e:
-            self.fail(node, key, f"glob {text!r} does not compile: {e}")
-
-
-def _kind(node: Node | None) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    if isinstance(node, ScalarNode):
-        t = node.tag.removeprefix(_TAG)
-        return {
-            "str": "a string",
-            "int": "an integer",
-            "bool": "a boolean",
-            "null": "null",
-            "float": "a number",
-        }.get(t, t) + (f" ({node.value!r})" if t != "null" else "")
-    return "nothing"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that composes only; duplicate keys are caught by the reader."""
 
 
 # ----------------------------------------------------------------- sections
@@ -280,27 +151,11 @@ _TOOL = _TOOL_COMMON | {"allowed", "risk", "approval_required", "approval", "rul
 UNTRUSTED_OUTPUT_MODES = ("deny", "ask")
 #: A tool's `approval:` key: which channels may answer its asks.
 APPROVAL_MODES = ("any", "out_of_band")
-_RULE_KEYS: dict[str, frozenset[str]] = {
-    "deny_path": frozenset({"patterns"}),
-    "allow_path": frozenset({"patterns"}),
-    "deny_command_pattern": frozenset({"patterns"}),
-    "allow_command_pattern": frozenset({"patterns"}),
-    "deny_command_keyword": frozenset({"keywords"}),
-    "deny_query_pattern": frozenset({"patterns"}),
-    "allow_query_pattern": frozenset({"patterns"}),
-    "deny_recipient_domain": frozenset({"domains"}),
-    "allow_recipient_domain": frozenset({"domains"}),
-    "allowed_repos": frozenset({"repos"}),
-    "max_file_size": frozenset({"bytes"}),
-    "max_result_rows": frozenset({"rows"}),
-    "max_export_rows": frozenset({"rows"}),
-    "require_approval_always": frozenset(),
-}
 _ACTIONS = ("deny", "require_approval", "ask", "allow")
 _RISKS = ("low", "medium", "high", "critical", "unknown")
 
 
-def _action(r: _Reader, node: Node, key: str, allow_allow: bool = True) -> Action:
+def _action(r: Reader, node: Node, key: str, allow_allow: bool = True) -> Action:
     choices = _ACTIONS if allow_allow else _ACTIONS[:3]
     value = r.choice(node, key, choices)
     return "ask" if value in ("require_approval", "ask") else "deny" if value == "deny" else "allow"
@@ -310,7 +165,7 @@ def _action(r: _Reader, node: Node, key: str, allow_allow: bool = True) -> Actio
 _ZERO_IS_OFF = frozenset({"session_max_calls", "session_timeout_seconds", "max_output_size_bytes"})
 
 
-def _settings(r: _Reader, node: Node) -> Settings:
+def _settings(r: Reader, node: Node) -> Settings:
     m = r.mapping(node, "settings", _SETTINGS, kind="settings")
     kw: dict[str, Any] = {}
     if "session_max_tools" in m and "session_max_calls" in m:
@@ -367,57 +222,7 @@ def _settings(r: _Reader, node: Node) -> Settings:
     return Settings(**kw)
 
 
-def _rule(r: _Reader, node: Node, key: str) -> Rule:
-    if not isinstance(node, MappingNode):
-        r.fail(node, key, f"expected a mapping, got {_kind(node)}")
-    tnode = next((v for k, v in node.value if isinstance(k, ScalarNode) and k.value == "type"), None)
-    if tnode is None:
-        r.fail(node, f"{key}.type", "missing required key 'type'")
-    rtype = r.str_(tnode, f"{key}.type")
-    if rtype not in RULE_TYPES:
-        r.fail(
-            tnode,
-            f"{key}.type",
-            f"unknown rule type {rtype!r}; expected one of: {', '.join(sorted(RULE_TYPES))}",
-        )
-    specific = _RULE_KEYS[rtype]
-    m = r.mapping(
-        node, key, specific | {"type", "name", "description"}, tuple(sorted(specific)), kind=f"{rtype} rule"
-    )
-    line = node.start_mark.line + 1
-    if "patterns" in m:
-        pkey = f"{key}.patterns"
-        items = r.list_(m["patterns"], pkey)
-        if not items:
-            r.fail(m["patterns"], pkey, "must not be an empty list")
-        pats = tuple(r.str_(n, f"{pkey}[{i}]") for i, n in enumerate(items))
-        if rtype in ("deny_path", "allow_path"):
-            globs = tuple(r.glob(n, f"{pkey}[{i}]") for i, n in enumerate(items))
-            return Rule(rtype, line, patterns=pats, globs=globs)
-        # mcp-visor compiles command and query patterns case-insensitively; so does Visor.
-        regexes = tuple(r.regex(n, f"{pkey}[{i}]", re.IGNORECASE) for i, n in enumerate(items))
-        return Rule(rtype, line, patterns=pats, regexes=regexes)
-    if "keywords" in m:
-        kws = r.strs(m["keywords"], f"{key}.keywords", nonempty=True)
-        return Rule(rtype, line, keywords=tuple(" ".join(k.casefold().split()) for k in kws))
-    if "domains" in m:
-        doms = r.strs(m["domains"], f"{key}.domains", nonempty=True)
-        for i, d in enumerate(doms):
-            if "@" in d.lstrip("@") or "/" in d or " " in d.strip():
-                r.fail(m["domains"].value[i], f"{key}.domains[{i}]", f"{d!r} is not a domain")
-        return Rule(rtype, line, domains=tuple(d.strip().lstrip("@").rstrip(".").lower() for d in doms))
-    if "repos" in m:
-        repos = r.strs(m["repos"], f"{key}.repos", nonempty=True)
-        rx = tuple(re.compile(paths._translate(x.strip().casefold())) for x in repos)
-        return Rule(rtype, line, repos=repos, repo_regexes=rx)
-    if "bytes" in m:
-        return Rule(rtype, line, limit=r.int_(m["bytes"], f"{key}.bytes", minimum=1))
-    if "rows" in m:
-        return Rule(rtype, line, limit=r.int_(m["rows"], f"{key}.rows", minimum=1))
-    return Rule(rtype, line)
-
-
-def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPolicy:
+def _tool(r: Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPolicy:
     allowed_keys = _TOOL_COMMON if in_pack else _TOOL
     required = ("name",) if in_pack else ("name", "allowed")
     m = r.mapping(node, key, allowed_keys, required, kind="pack tool" if in_pack else "tool")
@@ -435,7 +240,7 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
         kw["description"] = r.str_(m["description"], f"{key}.description", nonempty=False)
     if "rules" in m:
         kw["rules"] = tuple(
-            _rule(r, n, f"{key}.rules[{i}]") for i, n in enumerate(r.list_(m["rules"], f"{key}.rules"))
+            read_rule(r, n, f"{key}.rules[{i}]") for i, n in enumerate(r.list_(m["rules"], f"{key}.rules"))
         )
     if "exfiltrating" in m:
         kw["exfiltrating"] = r.bool_(m["exfiltrating"], f"{key}.exfiltrating")
@@ -467,7 +272,7 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
         akey = f"{key}.arg_patterns"
         am = m["arg_patterns"]
         if not isinstance(am, MappingNode):
-            r.fail(am, akey, f"expected a mapping of argument name to regex, got {_kind(am)}")
+            r.fail(am, akey, f"expected a mapping of argument name to regex, got {kind_of(am)}")
         names = {k.value for k, _ in am.value if isinstance(k, ScalarNode)}
         amap = r.mapping(am, akey, names)
         kw["arg_patterns"] = tuple((a, r.regex(v, f"{akey}.{a}")) for a, v in amap.items())
@@ -493,34 +298,7 @@ def _tool(r: _Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolP
     return ToolPolicy(**kw)
 
 
-def build_plan(rules: tuple[Rule, ...]) -> tuple:
-    """Argument rules grouped by type (first appearance order) with their check."""
-    from visor.policy.rules import ARGUMENT_CHECKS
-
-    groups: dict[str, list[Rule]] = {}
-    for r in rules:
-        if r.type in ARGUMENT_CHECKS:
-            groups.setdefault(r.type, []).append(r)
-    return tuple((t, ARGUMENT_CHECKS[t], tuple(g)) for t, g in groups.items())
-
-
-def build_screens(rules: tuple[Rule, ...]) -> dict[str, re.Pattern[str]]:
-    """One alternation per deny pattern type, so a call that matches none of
-    thirty patterns costs one regex search. Patterns that cannot be combined
-    (a backreference, an inline global flag) leave the type unscreened."""
-    out: dict[str, re.Pattern[str]] = {}
-    for rtype in ("deny_command_pattern", "deny_query_pattern"):
-        pats = [p for r in rules if r.type == rtype for p in r.patterns]
-        if len(pats) < 2 or any(re.search(r"\\[1-9]|\(\?[aiLmsux]+\)|\(\?P=", p) for p in pats):
-            continue
-        try:
-            out[rtype] = re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
-        except re.error:
-            continue
-    return out
-
-
-def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:
+def _server(r: Reader, node: Node, key: str) -> ServerPolicy:
     m = r.mapping(node, key, _SERVER, ("name", "allowed"), kind="server")
     name = r.str_(m["name"], f"{key}.name")
     tools: dict[str, ToolPolicy] = {}
@@ -570,7 +348,7 @@ def _server(r: _Reader, node: Node, key: str) -> ServerPolicy:
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def _attestation(r: _Reader, node: Node, key: str) -> Attestation:
+def _attestation(r: Reader, node: Node, key: str) -> Attestation:
     """``{kind, digest, entry_arg_positions}``, validated as mcp-visor validates it."""
     m = r.mapping(
         node, key, {"kind", "digest", "entry_arg_positions"}, ("kind", "digest"), kind="attestation"
@@ -602,7 +380,7 @@ def _attestation(r: _Reader, node: Node, key: str) -> Attestation:
     )
 
 
-def _access_list(r: _Reader, node: Node, key: str) -> AccessList:
+def _access_list(r: Reader, node: Node, key: str) -> AccessList:
     """``{allow: [globs], deny: [globs]}``; globs are matched against the whole URI or name."""
     m = r.mapping(node, key, {"allow", "deny"}, kind="access list")
 
@@ -623,12 +401,12 @@ def _access_list(r: _Reader, node: Node, key: str) -> AccessList:
     )
 
 
-def _server_requests(r: _Reader, node: Node, key: str) -> dict[str, str]:
+def _server_requests(r: Reader, node: Node, key: str) -> dict[str, str]:
     m = r.mapping(node, key, frozenset(_SERVER_REQUESTS), kind="server_requests")
     return {k: r.choice(v, f"{key}.{k}", ("allow", "deny")) for k, v in m.items()}
 
 
-def _chain_match(r: _Reader, node: Node, key: str) -> ChainMatch:
+def _chain_match(r: Reader, node: Node, key: str) -> ChainMatch:
     m = r.mapping(node, key, {"server", "tool_pattern"}, ("tool_pattern",), kind="chain endpoint")
     server = r.str_(m["server"], f"{key}.server") if "server" in m else "*"
     pattern = r.str_(m["tool_pattern"], f"{key}.tool_pattern")
@@ -637,7 +415,7 @@ def _chain_match(r: _Reader, node: Node, key: str) -> ChainMatch:
     return ChainMatch(server, pattern, rx)
 
 
-def _chain(r: _Reader, node: Node, key: str) -> ToolChain:
+def _chain(r: Reader, node: Node, key: str) -> ToolChain:
     m = r.mapping(
         node,
         key,
@@ -666,7 +444,7 @@ def _chain(r: _Reader, node: Node, key: str) -> ToolChain:
     )
 
 
-def _taint(r: _Reader, node: Node, key: str) -> Taint:
+def _taint(r: Reader, node: Node, key: str) -> Taint:
     m = r.mapping(
         node,
         key,
@@ -691,7 +469,7 @@ def _taint(r: _Reader, node: Node, key: str) -> Taint:
     )
 
 
-def _egress(r: _Reader, node: Node, key: str, taint_names: set[str]) -> EgressControl:
+def _egress(r: Reader, node: Node, key: str, taint_names: set[str]) -> EgressControl:
     m = r.mapping(
         node,
         key,
@@ -716,7 +494,7 @@ def _egress(r: _Reader, node: Node, key: str, taint_names: set[str]) -> EgressCo
     )
 
 
-def _identity(r: _Reader, node: Node, key: str) -> Identity:
+def _identity(r: Reader, node: Node, key: str) -> Identity:
     m = r.mapping(
         node, key, {"name", "description", "allowed_servers", "allowed_tools"}, ("name",), kind="identity"
     )
@@ -733,7 +511,7 @@ def _identity(r: _Reader, node: Node, key: str) -> Identity:
     )
 
 
-def _tz(r: _Reader, node: Node, key: str) -> str:
+def _tz(r: Reader, node: Node, key: str) -> str:
     name = r.str_(node, key)
     try:
         ZoneInfo(name)
@@ -742,7 +520,7 @@ def _tz(r: _Reader, node: Node, key: str) -> str:
     return name
 
 
-def _hhmm(r: _Reader, node: Node, key: str) -> int:
+def _hhmm(r: Reader, node: Node, key: str) -> int:
     text = r.str_(node, key)
     mt = re.fullmatch(r"(\d{1,2}):(\d{2})", text.strip())
     if (
@@ -755,7 +533,7 @@ def _hhmm(r: _Reader, node: Node, key: str) -> int:
     return int(mt.group(1)) * 60 + int(mt.group(2))
 
 
-def _days(r: _Reader, node: Node, key: str) -> frozenset[int]:
+def _days(r: Reader, node: Node, key: str) -> frozenset[int]:
     out: set[int] = set()
     for i, n in enumerate(r.list_(node, key)):
         d = r.str_(n, f"{key}[{i}]").strip().lower()
@@ -765,7 +543,7 @@ def _days(r: _Reader, node: Node, key: str) -> frozenset[int]:
     return frozenset(out)
 
 
-def _time_restriction(r: _Reader, node: Node, key: str) -> TimeRestriction:
+def _time_restriction(r: Reader, node: Node, key: str) -> TimeRestriction:
     m = r.mapping(
         node,
         key,
@@ -819,7 +597,7 @@ def _time_restriction(r: _Reader, node: Node, key: str) -> TimeRestriction:
 
 
 def _redaction_patterns(
-    r: _Reader, node: Node, key: str, prefix: str, disabled: frozenset[str]
+    r: Reader, node: Node, key: str, prefix: str, disabled: frozenset[str]
 ) -> tuple[RedactionPattern, ...]:
     from visor.redact import BUILTIN_NAMES, DEFAULT_REPLACEMENT
 
@@ -852,7 +630,7 @@ def _redaction_patterns(
     return tuple(out)
 
 
-def _redaction(r: _Reader, node: Node) -> Redaction:
+def _redaction(r: Reader, node: Node) -> Redaction:
     from visor.redact import BUILTIN_NAMES
 
     m = r.mapping(
@@ -938,7 +716,7 @@ def _both_readings(visor_glob: Glob, text: str) -> tuple[Glob, ...]:
     return (visor_glob, theirs)
 
 
-def _sensitive_files(r: _Reader, node: Node) -> tuple[Glob, ...]:
+def _sensitive_files(r: Reader, node: Node) -> tuple[Glob, ...]:
     out: list[Glob] = []
     for i, n in enumerate(r.list_(node, "redaction.sensitive_files")):
         key = f"redaction.sensitive_files[{i}]"
@@ -971,34 +749,22 @@ def _with_engine(red: Redaction) -> Redaction:
     return replace(red, engine=engine)
 
 
-def _compose(text: str, source: str) -> Node | None:
-    try:
-        return yaml.compose(text, Loader=_StrictLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else 0
-        raise PolicyError(source, line, "", f"invalid YAML: {e.problem or e}") from None
-    except yaml.YAMLError as e:
-        raise PolicyError(source, 0, "", f"invalid YAML: {e}") from None
-
-
 def _build(text: str, source: str, sha: str) -> Policy:
-    root = _compose(text, source)
-    r = _Reader(source)
+    root = compose(text, source)
+    r = Reader(source, _HINTS)
     if root is None:
         raise PolicyError(source, 0, "", "the policy is empty")
     m = r.mapping(root, "", _TOP, kind="top")
     version = "1.0"
     if "version" in m:
         v = m["version"]
-        if not isinstance(v, ScalarNode) or v.tag not in (_TAG + "str", _TAG + "float", _TAG + "int"):
-            r.fail(v, "version", f"expected a version string, got {_kind(v)}")
+        if not isinstance(v, ScalarNode) or v.tag not in (TAG + "str", TAG + "float", TAG + "int"):
+            r.fail(v, "version", f"expected a version string, got {kind_of(v)}")
         version = str(v.value)
-    default_action = (
-        r.choice(m["default_action"], "default_action", ("allow", "deny"))
-        if "default_action" in m
-        else "deny"
-    )
+    default_action: Literal["allow", "deny"] = "deny"
+    if "default_action" in m:
+        chosen = r.choice(m["default_action"], "default_action", ("allow", "deny"))
+        default_action = "allow" if chosen == "allow" else "deny"
     settings = _settings(r, m["settings"]) if "settings" in m else Settings()
     servers: list[ServerPolicy] = []
     index: dict[str, ServerPolicy] = {}
@@ -1031,12 +797,12 @@ def _build(text: str, source: str, sha: str) -> Policy:
     merged = tuple(g for g in redaction.sensitive_files if (g.pattern, g.regex.pattern) not in known)
     if merged:
         settings = replace(settings, sensitive_paths=settings.sensitive_paths + merged)
-    return Policy(
+    policy = Policy(
         source=source,
         sha256=sha,
         version=version,
         description=r.str_(m["description"], "description", nonempty=False) if "description" in m else "",
-        default_action=default_action,  # type: ignore[arg-type]
+        default_action=default_action,
         settings=settings,
         servers=tuple(servers),
         server_index=index,
@@ -1064,6 +830,7 @@ def _build(text: str, source: str, sha: str) -> Policy:
         redaction=redaction,
         packs=packs,
     )
+    return replace(policy, compiled=compile_policy(policy))
 
 
 # ----------------------------------------------------------------- packs
@@ -1072,8 +839,8 @@ _PACKS: dict[str, Pack] | None = None
 
 
 def load_pack_text(text: str, source: str) -> Pack:
-    root = _compose(text, source)
-    r = _Reader(source)
+    root = compose(text, source)
+    r = Reader(source, _HINTS)
     if root is None:
         raise PolicyError(source, 0, "", "the pack is empty")
     m = r.mapping(root, "", {"name", "description", "servers", "tools"}, ("name", "tools"), kind="pack")

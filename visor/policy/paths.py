@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from functools import lru_cache
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from visor.policy.schema import Glob
@@ -116,7 +117,9 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", "~", "./", "../", "file:", "\\\\")) or value in (".", "..")
 
 
-def iter_path_values(arguments: dict, extra_names: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+def iter_path_values(
+    arguments: dict[str, Any], extra_names: tuple[str, ...] = ()
+) -> Iterator[tuple[str, str]]:
     """Yield ``(argument_name, raw_value)`` for every path-like value, nested values included.
 
     A value counts when its argument name is path-shaped (or listed in
@@ -290,7 +293,7 @@ def under_prefix(path: str, prefix: str) -> bool:
 # ---------------------------------------------------------------- globs
 
 
-def _translate(pattern: str) -> str:
+def translate_glob(pattern: str) -> str:
     """Doublestar glob -> regex: ``**`` spans segments, ``*``/``?`` stay inside one."""
     out: list[str] = []
     i, n = 0, len(pattern)
@@ -331,7 +334,7 @@ def _translate(pattern: str) -> str:
                 out.append(re.escape(c))
             else:
                 alts = pattern[i + 1 : j].split(",")
-                out.append("(?:" + "|".join(_translate(a) for a in alts) + ")")
+                out.append("(?:" + "|".join(translate_glob(a) for a in alts) + ")")
                 i = j
         else:
             out.append(re.escape(c))
@@ -341,7 +344,7 @@ def _translate(pattern: str) -> str:
 
 def compile_glob(pattern: str, resolve: bool = True) -> Glob:
     """Compile a doublestar glob; raises ``re.error`` on a malformed class."""
-    regex = re.compile(_translate(pattern), re.DOTALL)
+    regex = re.compile(translate_glob(pattern), re.DOTALL)
     alt = None
     if resolve and pattern.startswith("/"):
         # Resolve the literal directory prefix (up to the first wildcard).
@@ -354,7 +357,7 @@ def compile_glob(pattern: str, resolve: bool = True) -> Glob:
         head = literal.rsplit("/", 1)[0] or "/"
         real = os.path.realpath(head)
         if real != head:
-            alt = re.compile(_translate(real.rstrip("/") + pattern[len(head.rstrip("/")) :]), re.DOTALL)
+            alt = re.compile(translate_glob(real.rstrip("/") + pattern[len(head.rstrip("/")) :]), re.DOTALL)
     return Glob(pattern, regex, alt)
 
 
@@ -395,7 +398,7 @@ SENSITIVE_GLOBS: tuple[str, ...] = (
 
 # Matched against case-folded paths (the globs are lower case): macOS and
 # Windows read `.Env` and `ID_RSA.PEM` as the names on this list.
-_SENSITIVE_RE = re.compile("|".join(f"(?:{_translate(g)})" for g in SENSITIVE_GLOBS), re.DOTALL)
+_SENSITIVE_RE = re.compile("|".join(f"(?:{translate_glob(g)})" for g in SENSITIVE_GLOBS), re.DOTALL)
 
 
 @lru_cache(maxsize=8192)

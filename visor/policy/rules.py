@@ -1,17 +1,20 @@
-"""Argument rules of the mcp-visor language, one small function per rule type.
+"""The checks of the mcp-visor rule language, one small function per rule type.
 
-Each check takes the compiled rule and the call's arguments and returns a
-reason string when the rule denies, else ``None``. The argument names each
-rule reads are a superset of the ones mcp-visor reads for it.
+An argument check takes the compiled rule and the call's arguments (a
+``CallView``) and returns a reason string when the rule denies, else ``None``;
+a path check takes the rule and the call's path readings. The argument names
+each rule reads are a superset of the ones mcp-visor reads for it. Which
+check belongs to which rule type, with its keys and its reader, is said once,
+in visor/policy/ruletypes.py.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from visor.policy import destinations as dst
 from visor.policy import readings, shell
@@ -41,7 +44,7 @@ def _strings(value: object) -> Iterator[str]:
                 yield from _strings(v)
 
 
-def named_strings(arguments: dict, names: frozenset[str]) -> list[str]:
+def named_strings(arguments: dict[str, Any], names: frozenset[str]) -> list[str]:
     out: list[str] = []
     for k, v in arguments.items():
         if k in names or snake(k) in names:
@@ -105,11 +108,11 @@ class CallView:
 
     __slots__ = ("_commands", "_parsed", "_queries", "_readings", "_recipients", "args")
 
-    def __init__(self, args: dict) -> None:
+    def __init__(self, args: dict[str, Any]) -> None:
         self.args = args
         self._commands: list[Split] | None = None
         self._readings: list[CommandReading] | None = None
-        self._queries: list[tuple[str, list[str], list[str]]] | None = None
+        self._queries: list[Split] | None = None
         self._recipients: list[str] | None = None
         self._parsed: dict[str, tuple[dst.Dest, ...]] = {}
 
@@ -129,7 +132,7 @@ class CallView:
     def readings(self) -> list[CommandReading]:
         """How each command argument reads (see ``_command_split``)."""
         if self._readings is None:
-            self._readings = [_memo(_command_split, cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
+            self._readings = [_command_reading(cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
         return self._readings
 
     def commands(self) -> list[Split]:
@@ -147,12 +150,11 @@ class CallView:
 
     def queries(self) -> list[Split]:
         if self._queries is None:
-            self._queries = [_memo(_query_split, q) for q in named_strings(self.args, QUERY_ARGS)]
+            self._queries = [_query_reading(q) for q in named_strings(self.args, QUERY_ARGS)]
         return self._queries
 
 
 Split = tuple[str, tuple[str, ...], tuple[str, ...]]
-_T = TypeVar("_T")
 
 
 class CommandReading(NamedTuple):
@@ -189,15 +191,17 @@ def _query_split(q: str) -> Split:
 
 _cached_command_split = lru_cache(maxsize=1024)(_command_split)
 _cached_query_split = lru_cache(maxsize=1024)(_query_split)
-_CACHED: dict[Callable, Callable] = {_command_split: _cached_command_split, _query_split: _cached_query_split}
+
+# Memoised for texts up to 1 KB: a split is a pure function of the text, and
+# an agent sends the same commands and queries again.
 
 
-def _memo(fn: Callable[[str], _T], text: str) -> _T:
-    """``fn(text)``, memoised for texts up to 1 KB: the split is a pure function
-    of the text, and an agent sends the same commands and queries again."""
-    if len(text) <= 1024:
-        return _CACHED[fn](text)
-    return fn(text)
+def _command_reading(cmd: str) -> CommandReading:
+    return _cached_command_split(cmd) if len(cmd) <= 1024 else _command_split(cmd)
+
+
+def _query_reading(q: str) -> Split:
+    return _cached_query_split(q) if len(q) <= 1024 else _query_split(q)
 
 
 # ------------------------------------------------------------ checks
@@ -255,7 +259,7 @@ def allow_query_pattern(rule: Rule, view: CallView) -> str | None:
     return None
 
 
-def recipient_values(args: dict) -> list[str]:
+def recipient_values(args: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for k, v in args.items():
         if k in RECIPIENT_ARGS or snake(k) in RECIPIENT_ARGS or dst.is_destination_name(k):
@@ -286,7 +290,7 @@ def allow_recipient_domain(rule: Rule, view: CallView) -> str | None:
 _REPO_URL = re.compile(r"^(?:https?://|git@|ssh://git@)[^/:]+[/:]", re.I)
 
 
-def repo_names(args: dict) -> list[str]:
+def repo_names(args: dict[str, Any]) -> list[str]:
     owner = next((v for k, v in args.items() if snake(k) in ("owner", "org", "organization")), None)
     out: list[str] = []
     for value in named_strings(args, REPO_ARGS):
@@ -323,7 +327,7 @@ def max_file_size(rule: Rule, view: CallView) -> str | None:
     assert rule.limit is not None
     for k, v in args.items():
         s = snake(k)
-        size: int | None = None
+        size: int | float | None = None
         if s in SIZE_ARGS:
             size = _number(v)
         elif s in CONTENT_ARGS and isinstance(v, str):
@@ -351,22 +355,6 @@ def max_result_rows(rule: Rule, view: CallView) -> str | None:
     return None
 
 
-#: Rule types checked by argument only (the path rules need normalised paths
-#: and are run by the evaluator; require_approval_always is an ask).
-ARGUMENT_CHECKS: dict[str, Callable[[Rule, CallView], str | None]] = {
-    "deny_command_pattern": deny_command_pattern,
-    "allow_command_pattern": allow_command_pattern,
-    "deny_command_keyword": deny_command_keyword,
-    "deny_query_pattern": deny_query_pattern,
-    "allow_query_pattern": allow_query_pattern,
-    "deny_recipient_domain": deny_recipient_domain,
-    "allow_recipient_domain": allow_recipient_domain,
-    "allowed_repos": allowed_repos,
-    "max_file_size": max_file_size,
-    "max_result_rows": max_result_rows,
-}
-
-
 def max_export_rows(rule: Rule, view: CallView) -> str | None:
     """mcp-visor's ``max_export_rows``: the same check as ``max_result_rows``
     (internal/policy/engine.go evaluates both types in one case), named for
@@ -375,4 +363,24 @@ def max_export_rows(rule: Rule, view: CallView) -> str | None:
     return None if reason is None else f"{reason} (max_export_rows)"
 
 
-ARGUMENT_CHECKS["max_export_rows"] = max_export_rows
+# ------------------------------------------------------------ path checks
+
+#: ``(argument, raw value, normalised forms)`` of one path-like argument.
+PathValue = tuple[str, str, tuple[str, ...]]
+
+
+def deny_path(rule: Rule, found: Sequence[PathValue]) -> str | None:
+    for name, raw, forms in found:
+        # any reading, compared as a case- and NFC/NFD-insensitive file system would
+        for candidate in (raw.strip(), *forms):
+            if any(g.match_folded(candidate) for g in rule.globs):
+                return f"argument {name!r} ({forms[0]}) matches a deny_path pattern"
+    return None
+
+
+def allow_path(rule: Rule, found: Sequence[PathValue]) -> str | None:
+    for name, _raw, forms in found:
+        for form in forms:
+            if not any(g.match(form) for g in rule.globs):
+                return f"argument {name!r} ({form}) is outside every allow_path pattern"
+    return None

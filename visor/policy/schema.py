@@ -15,29 +15,10 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from visor.policy.evaluate import Compiled
     from visor.policy.fields import FieldPath
 
 Action = Literal["allow", "deny", "ask"]
-
-#: Rule types of the mcp-visor language that Visor understands.
-RULE_TYPES: frozenset[str] = frozenset(
-    {
-        "deny_path",
-        "allow_path",
-        "deny_command_pattern",
-        "allow_command_pattern",
-        "deny_command_keyword",
-        "deny_query_pattern",
-        "allow_query_pattern",
-        "deny_recipient_domain",
-        "allow_recipient_domain",
-        "allowed_repos",
-        "max_file_size",
-        "max_result_rows",
-        "max_export_rows",  # mcp-visor: the same check as max_result_rows
-        "require_approval_always",
-    }
-)
 
 #: Attestation kinds of a server entry that Visor can measure.
 ATTESTATION_KINDS: tuple[str, ...] = ("stdio_invocation_sha256_v1",)
@@ -376,6 +357,11 @@ class Policy:
     time_restrictions: tuple[TimeRestriction, ...] = ()
     redaction: Redaction = field(default_factory=Redaction)
     packs: dict[str, Pack] = field(default_factory=dict)
+    # The evaluator's plan for this policy (visor/policy/evaluate.py), compiled
+    # once by the loader. Only the checks' presence depends on the policy's
+    # contents: a copy made with ``replace`` that changes rules, chains or
+    # settings must be given a new one (``evaluate.compile_policy``).
+    compiled: Compiled | None = field(default=None, compare=False, repr=False)
 
     def server(self, name: str) -> ServerPolicy | None:
         """The entry for a server name, falling back to the ``"*"`` entry."""

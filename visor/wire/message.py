@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
@@ -96,12 +96,11 @@ class Rejected:
         return bool(self.reply_ids) or self.reply_null
 
 
-def is_valid_id(value: object) -> bool:
+def is_valid_id(value: object) -> TypeGuard[JsonId]:
     # bool is a subclass of int in Python; JSON true/false is never an id.
-    t = type(value)
-    if t is str:
+    if type(value) is str:
         return True
-    return t is int and INT64_MIN <= value <= INT64_MAX  # type: ignore[operator]
+    return type(value) is int and INT64_MIN <= value <= INT64_MAX
 
 
 def classify(line: bytes, *, fold_case: bool = True) -> Message | Rejected:
@@ -189,8 +188,8 @@ def member_variant(params: dict[str, Any]) -> tuple[str, str] | None:
 def _reject_variant(msg: Message, variant: tuple[str, str]) -> Rejected:
     member, name = variant
     reason = f"params member {member!r} is a case variant of {name!r}: a case-insensitive server would read it as {name!r}"
-    if msg.kind is Kind.REQUEST:
-        return Rejected(errors.INVALID_PARAMS, reason, (msg.id,), method=msg.method, tool=msg.tool)  # type: ignore[arg-type]
+    if msg.kind is Kind.REQUEST and msg.id is not None:  # a request's id is never None
+        return Rejected(errors.INVALID_PARAMS, reason, (msg.id,), method=msg.method, tool=msg.tool)
     return Rejected(errors.INVALID_PARAMS, reason, method=msg.method)
 
 
@@ -255,9 +254,11 @@ def _classify_object(obj: dict[str, Any], line: bytes) -> Message | Rejected:
 def _classify_object_fully(obj: dict[str, Any], line: bytes) -> Message | Rejected:
     has_id = "id" in obj
     msg_id = obj.get("id")
-    id_ok = has_id and is_valid_id(msg_id)
+    reply: tuple[JsonId, ...] = ()
+    if has_id and is_valid_id(msg_id):
+        reply = (msg_id,)
+    id_ok = bool(reply)
     method = obj.get("method")
-    reply: tuple[JsonId, ...] = (msg_id,) if id_ok else ()  # type: ignore[assignment]
 
     if obj.get("jsonrpc") != "2.0":
         return Rejected(
