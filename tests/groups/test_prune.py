@@ -59,3 +59,14 @@ def test_prune_removes_only_dead_old_groups() -> None:
 
 def test_prune_without_a_groups_folder_is_a_no_op() -> None:
     assert gs.prune_stale() == []
+
+
+def test_prune_waits_for_no_one_and_skips_a_group_while_a_member_joins() -> None:
+    run_py(MEMBER.format(name="dead", client=DEAD_CLIENT))
+    _age("dead", 7 * 3600)
+    # a member between its check of the file and its registration holds the lock shared
+    with gs._folder_lock(gs.groups_dir(), exclusive=False, wait=True) as held:
+        assert held
+        assert gs.prune_stale(6 * 3600) == []
+    assert (gs.groups_dir() / "dead.sqlite").exists()
+    assert gs.prune_stale(6 * 3600) == ["dead"]
