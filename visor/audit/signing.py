@@ -41,7 +41,10 @@ DEFAULT_EVERY = 1000
 DEFAULT_SECONDS = 60.0
 REASONS = frozenset({"interval", "time", "rotate", "close"})
 SIGNED_FIELDS = ("key", "log", "prev", "reason", "seq", "ts")
-_INSTALL_HINT = "install Visor with the 'sign' extra (pip install 'visor-mcp-proxy[sign]')"
+_INSTALL_HINT = (
+    "install Visor with the 'sign' extra (from a clone: pipx install '.[sign]'), "
+    "or add cryptography to the environment Visor runs in"
+)
 
 
 class SigningError(AuditError):
