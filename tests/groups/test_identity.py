@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 
 import pytest
@@ -144,3 +145,16 @@ def test_a_parent_that_is_gone_gives_a_group_of_its_own() -> None:
     assert g.client_start is None
     assert g.name == h.name  # one process, one name; never another client's group
     identity.validate_name(g.name)
+
+
+@pytest.mark.skipif(shutil.which("ps") is None, reason="no ps on this machine")
+def test_the_ps_reading_used_without_proc() -> None:
+    # macOS has no /proc: the same facts come from ps (lstart, one-second resolution)
+    me = identity._ps_info(os.getpid())
+    assert me is not None
+    assert me.ppid == os.getppid()
+    assert len(me.start.split()) == 5  # "Wed Dec  2 07:12:26 2026"
+    assert me.argv and os.path.basename(me.argv[0]).startswith("python")
+    parent = identity._ps_info(os.getppid())
+    assert parent is not None and parent.pid == os.getppid()
+    assert identity._ps_info(2**22 + 12345) is None  # above pid_max: no such process

@@ -62,7 +62,8 @@ WRITER = """
 import json, sys
 from visor.groups import store as gs
 me = sys.argv[1] if len(sys.argv) > 1 else "{me}"
-with gs.GroupStore("busy", f"server-{{me}}") as s:
+# a generous busy timeout: this test is about lost updates, not about waiting
+with gs.GroupStore("busy", f"server-{{me}}", busy_timeout=60) as s:
     print("ready", flush=True)
     sys.stdin.readline()  # all writers start together
     for batch in range(40):
