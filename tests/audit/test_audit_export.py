@@ -378,3 +378,29 @@ def test_follow_sends_new_records_across_rotation(home: Path, tmp_path: Path, re
     assert got == stored(log)  # each record once, in chain order, across rotated files
     last = parse_line(stored(log)[-1][:-1])
     assert json.loads(state.read_text())["logs"][str(log.resolve())] == {"seq": last.seq, "hash": last.hash}
+
+
+def test_a_follow_seeks_to_where_it_left_off_and_falls_back_to_reading(home: Path) -> None:
+    from dataclasses import replace
+
+    from visor.audit.export import Cursor, CursorError, new_records
+
+    log = home / "audit" / "seek.jsonl"
+    write_log(log, 3)
+    first = list(new_records(log, None))
+    last = first[-1]
+    assert last.place.offset == log.stat().st_size
+    write_log(log, 2, session="s2")
+    cursor = Cursor(last.seq, last.hash)
+    new = stored(log)[len(first) :]
+    assert [i.line + b"\n" for i in new_records(log, cursor)] == new  # read from the start
+    # Damage before the place, in the same file (inode): a follow that seeks never reads it again...
+    with open(log, "r+b") as fh:
+        fh.seek(20)
+        fh.write(b"0" if fh.read(1) != b"0" else b"1")
+    assert [i.line + b"\n" for i in new_records(log, cursor, last.place)] == new
+    # ...while a place in another file (a log replaced under the same name), or one that is not
+    # the cursor's record, is not trusted: the file is read from the start, and the damage found.
+    for untrusted in (replace(last.place, ino=last.place.ino + 1), replace(last.place, seq=last.seq - 1)):
+        with pytest.raises(CursorError, match=r"seek.jsonl:1: hash does not match"):
+            list(new_records(log, cursor, untrusted))

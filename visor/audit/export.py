@@ -42,6 +42,17 @@ class Cursor:
 
 
 @dataclass(frozen=True, slots=True)
+class Place:
+    """Just after the record `seq`/`hash`, at byte `offset` of the file (st_dev, st_ino)."""
+
+    dev: int
+    ino: int
+    offset: int
+    seq: int
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
 class Item:
     """A record to deliver: its parsed fields, its stored line (no newline), its log's name."""
 
@@ -50,6 +61,7 @@ class Item:
     log: str
     seq: int
     hash: str
+    place: Place
 
 
 # --------------------------------------------------------------------- state
@@ -66,6 +78,7 @@ class State:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.cursors: dict[str, Cursor] = {}
+        self.places: dict[str, Place] = {}  # this process's read positions (never saved)
         self._lock_fd: int | None = None
         if path is None:
             return
@@ -155,16 +168,23 @@ def _last_record(path: Path) -> Parsed | None:
         return None
 
 
-def new_records(live: Path, cursor: Cursor | None) -> Iterator[Item]:
+def new_records(live: Path, cursor: Cursor | None, place: Place | None = None) -> Iterator[Item]:
     """Every complete record of the chain `live` after `cursor`, checked, in chain order.
 
-    Raises CursorError when continuing would skip a record or repeat a changed one.
+    `place`, where the previous pass of this process left off, lets a follow
+    seek straight to the record after the cursor instead of reading the file
+    from its start again; it is used only while it names the cursor's record
+    and the very file (device and inode) it was read from, wherever rotation
+    moved it. Raises CursorError when continuing would skip a record or repeat
+    a changed one.
     """
     files = [f for f in chain_files(live) if f.exists()]
     name = live.name
-    last: Parsed | None = None  # the record before the next one to yield
+    last: tuple[int, str] | None = None  # seq and hash of the record before the next one to yield
     seen = -1  # the highest seq read, for the message when the cursor's record is not there
     found = cursor is None
+    if place is not None and (cursor is None or (place.seq, place.hash) != (cursor.seq, cursor.hash)):
+        place = None
     for index, path in enumerate(files):
         is_live = index == len(files) - 1
         if cursor is not None and not found and not is_live:
@@ -173,18 +193,32 @@ def new_records(live: Path, cursor: Cursor | None) -> Iterator[Item]:
             if tail is not None and tail.seq < cursor.seq:
                 continue
         with open(path, "rb") as fh:
-            for number, raw in enumerate(fh, start=1):
+            st = os.fstat(fh.fileno())
+            offset, number = 0, 0
+            if (
+                place is not None
+                and cursor is not None
+                and not found
+                and (st.st_dev, st.st_ino) == (place.dev, place.ino)
+                and st.st_size >= place.offset
+            ):
+                fh.seek(place.offset)
+                offset, number = place.offset, -1  # line numbers unknown from here: messages give bytes
+                found, last = True, (cursor.seq, cursor.hash)
+            for raw in fh:
+                where = f"{path}:{number + 1}" if number >= 0 else f"{path} at byte {offset}"
+                offset += len(raw)
+                if number >= 0:
+                    number += 1
                 if not raw.endswith(b"\n"):
                     if is_live:
                         return  # still being written: the next run takes it
-                    raise CursorError(
-                        f"{path}:{number}: truncated line in a rotated file (run `visor audit verify`)"
-                    )
+                    raise CursorError(f"{where}: truncated line in a rotated file (run `visor audit verify`)")
                 data = raw[:-1]
                 try:
                     cur = parse_line(data)
                 except RecordError as exc:
-                    raise CursorError(f"{path}:{number}: {exc.reason} (run `visor audit verify`)") from None
+                    raise CursorError(f"{where}: {exc.reason} (run `visor audit verify`)") from None
                 seen = max(seen, cur.seq)
                 if not found:
                     assert cursor is not None
@@ -193,24 +227,31 @@ def new_records(live: Path, cursor: Cursor | None) -> Iterator[Item]:
                     if cur.seq == cursor.seq:
                         if cur.hash != cursor.hash:
                             raise CursorError(
-                                f"{path}:{number}: seq {cur.seq} is not the record exported last (its hash "
+                                f"{where}: seq {cur.seq} is not the record exported last (its hash "
                                 f"differs from the state's {cursor.hash[:16]}): the log was rewritten or "
                                 "replaced since; verify it, then export to a new --state"
                             )
-                        found, last = True, cur
+                        found, last = True, (cur.seq, cur.hash)
                         continue
                     raise CursorError(
-                        f"{path}:{number}: the log continues at seq {cur.seq}, but the last record exported was "
+                        f"{where}: the log continues at seq {cur.seq}, but the last record exported was "
                         f"seq {cursor.seq}: records between them are gone (rotated files deleted before they "
                         "were exported?)"
                     )
-                if last is not None and (cur.seq != last.seq + 1 or cur.prev != last.hash):
+                if last is not None and (cur.seq != last[0] + 1 or cur.prev != last[1]):
                     raise CursorError(
-                        f"{path}:{number}: seq {cur.seq} does not follow seq {last.seq} in the chain "
+                        f"{where}: seq {cur.seq} does not follow seq {last[0]} in the chain "
                         "(run `visor audit verify`)"
                     )
-                last = cur
-                yield Item(cur.record, data, name, cur.seq, cur.hash)
+                last = (cur.seq, cur.hash)
+                yield Item(
+                    cur.record,
+                    data,
+                    name,
+                    cur.seq,
+                    cur.hash,
+                    Place(st.st_dev, st.st_ino, offset, cur.seq, cur.hash),
+                )
     if not found:
         assert cursor is not None
         end = f"ends at seq {seen}" if seen >= 0 else "holds no record"
@@ -244,10 +285,11 @@ def export_once(targets: Sequence[Path], state: State, sink: Sink) -> Outcome:
         def flush(batch: list[Item], key: str = key) -> None:
             sink(batch)
             state.cursors[key] = Cursor(batch[-1].seq, batch[-1].hash)
+            state.places[key] = batch[-1].place
             state.save()
 
         try:
-            for item in new_records(live, state.cursors.get(key)):
+            for item in new_records(live, state.cursors.get(key), state.places.get(key)):
                 batch.append(item)
                 size += len(item.line)
                 if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
