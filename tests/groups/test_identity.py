@@ -108,6 +108,10 @@ def test_launchers_are_walked_past_up_to_the_client() -> None:
         (("/bin/bash", "-lc", "x"), True),
         (("-bash",), False),  # a login shell: a person at a terminal
         (("zsh", "-i"), False),
+        (("bash", "-l"), False),
+        (("bash", "/home/me/bin/start-mail-server.sh"), True),
+        (("sh", "-e", "-c", "x"), True),
+        (("bash", "--norc", "-c", "x"), True),
         (("/usr/bin/env", "visor"), True),
         (("node", "/usr/lib/node_modules/npm/bin/npx-cli.js", "visor"), True),
         (("node", "/home/me/.claude/cli.js"), False),

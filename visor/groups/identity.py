@@ -1,16 +1,17 @@
 """Which group a ``visor run`` belongs to: the client process that started it.
 
 The group is named after the first ancestor that is not a launcher (a shell
-running ``-c``, ``env``, ``npx``/``npm exec``, ``uv``/``uvx``, ``pipx``),
+running ``-c`` or a script, ``env``, ``npx``/``npm exec``, ``uv``/``uvx``, ``pipx``),
 identified by its process id *and its start time*, so that a client that
 exits and whose pid is reused by another process names a different group.
 ``VISOR_GROUP`` (or the caller's option) names a group outright.
 
-Walking past launchers is sound because it can only make a group larger than
+Walking past launchers is sound because it never makes a group smaller than
 the client's own: a launcher is started by the client for one server and
-serves nothing else, and a larger group shares more seen output (more
-denies and asks), never less. An interactive shell (no ``-c``) is not walked
-past: a person who starts servers from a terminal is that shell's client.
+serves nothing else. A group larger than one client shares more seen output
+(more denies and asks) and also the approvals its humans gave. An
+interactive shell (options only, no command or script) is not walked past: a
+person who starts servers from a terminal is that shell's client.
 """
 
 from __future__ import annotations
@@ -170,9 +171,12 @@ def is_launcher(info: ProcInfo) -> bool:
     first = argv[0].split()[0] if argv[0].strip() else ""
     prog = _base(first)
     if prog in _SHELLS:
-        # "sh -c 'visor run ...'" runs one command; an interactive shell is a person's client
+        # "sh -c 'visor run ...'" or "bash start-server.sh" runs one command or
+        # script; a shell with options only (or none: "-bash", "zsh -i") is
+        # interactive, a person's client.
         return any(
-            a == "-c" or (a.startswith("-") and not a.startswith("--") and "c" in a) for a in argv[1:3]
+            (a.startswith("-") and not a.startswith("--") and "c" in a) or not a.startswith(("-", "+"))
+            for a in argv[1:]
         )
     if prog in ("env", "npx", "npm", "uv", "uvx", "pipx"):
         return True
