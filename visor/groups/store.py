@@ -310,6 +310,7 @@ class GroupStore:
         self._lost_marker = _lost_path(self.path)
         self._conn: sqlite3.Connection | None = None
         self._lost = False
+        self._read_warned = False
         self.member_id = 0
         # A file pruned between our open and our join: open again, once.
         for attempt in range(2):
@@ -476,7 +477,9 @@ class GroupStore:
         try:
             return self._c().execute(sql, params).fetchall()
         except (sqlite3.Error, GroupStoreError) as exc:
-            log.warning("group_store_read_failed", group=self.group, error=str(_map_error(exc, "read")))
+            if not self._read_warned:  # once: a broken store would say it on every lookup
+                self._read_warned = True
+                log.warning("group_store_read_failed", group=self.group, error=str(_map_error(exc, "read")))
             return None
 
     # ------------------------------------------------------------- keys
