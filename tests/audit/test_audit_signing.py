@@ -455,3 +455,26 @@ def test_checkpoint_message_is_the_documented_bytes() -> None:
         }
     )
     assert checkpoint_message(fields) == expected
+
+
+def test_the_review_pack_states_and_checks_the_signatures(
+    log: Path, keys: KeyPair, other_keys: KeyPair
+) -> None:
+    unchecked = visor("report", str(log))
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert "Signed checkpoints in the window: 3; their signatures were not checked" in unchecked.stdout
+    checked = visor("report", str(log), "--key", str(keys.public))
+    assert "Chain integrity (whole log, not only the window): verifies" in checked.stdout
+    assert "signed: 3 checkpoint(s)" in checked.stdout
+    wrong = visor("report", str(log), "--key", str(other_keys.public))
+    assert "Chain integrity (whole log, not only the window): DOES NOT VERIFY" in wrong.stdout
+    assert "not by the key given" in wrong.stdout
+
+
+def test_the_review_pack_of_an_unsigned_log_says_so(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.jsonl"
+    w = AuditWriter.open(plain, session="s")
+    w.append(allow(1))
+    w.close_sync()
+    out = visor("report", str(plain))
+    assert "Signed checkpoints: none (the logs were written without `--signing-key`)" in out.stdout

@@ -229,6 +229,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"visor report: {exc}", file=sys.stderr)
         return 2
+    keys = []
+    if args.key:
+        from visor.audit.signing import SigningError, load_public_key
+
+        try:
+            keys = [load_public_key(k) for k in args.key]
+        except SigningError as exc:
+            print(f"visor report: {exc}", file=sys.stderr)
+            return 2
     targets = _targets(args, "legacy_files")
     if not targets:
         _no_logs("visor report")
@@ -239,6 +248,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         policy_path=Path(args.policy) if args.policy else None,
         win=win,
         policy_from_log=True,
+        keys=keys,
     )
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -384,6 +394,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     report.add_argument("--since", metavar="WHEN", help=_SINCE_HELP)
     report.add_argument("--until", metavar="WHEN", help=_UNTIL_HELP)
     report.add_argument("-o", "--output", metavar="FILE.md", help="output file (default: stdout)")
+    report.add_argument(
+        "--key",
+        metavar="PUB",
+        action="append",
+        help="public key: the integrity line also checks the signed checkpoints (as audit verify --key)",
+    )
     report.set_defaults(func=cmd_report)
 
     run = subparsers.choices.get("run")

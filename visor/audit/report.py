@@ -17,17 +17,20 @@ import dataclasses
 import hashlib
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from visor.audit.reader import Loaded, Window, load
 from visor.audit.record import utc_timestamp
 from visor.audit.show import printable
 from visor.audit.verify import ChainReport, verify_files
 from visor.display import escape
+
+if TYPE_CHECKING:
+    from visor.audit.signing import PublicKey
 
 _WRITE_NAME = re.compile(
     r"(write|create|delete|remove|move|rename|edit|update|put|upload|patch|mkdir|rm)", re.I
@@ -376,7 +379,9 @@ _NOT_COVERED = (
     "A malicious MCP server: pins detect a changed tool list, not what an unchanged tool does.",
     "Tamper-proof evidence: the hash chain has no key. Anyone able to write the log can rewrite it "
     "from the point of an edit onwards; it is tamper-evident only against partial edits, or against "
-    "all edits once its head hash is recorded elsewhere (`visor audit verify --head`).",
+    "all edits once its head hash is recorded elsewhere (`visor audit verify --head`). Signed "
+    "checkpoints (`visor run --signing-key`) protect the records before each checkpoint, not a log cut "
+    "back to an earlier clean exit, a deleted log, or anything once the private key is read.",
     "Confidentiality of the log: it holds redacted arguments in plain text, protected by file modes only.",
     "Statistics here are as complete as the log: records outside the time window and malformed lines are not counted.",
 )
@@ -428,8 +433,11 @@ def build_report(
     now: datetime | None = None,
     chains: list[list[Path]] | None = None,
     policy_from_log: bool = False,
+    keys: Sequence[PublicKey] = (),
 ) -> str:
     """The pack for one chain (`audit_files`) or several (`chains`, one per server log).
+
+    With `keys`, the integrity line checks the signed checkpoints too (`visor audit verify --key`).
 
     With `policy_from_log` and no `policy_path`, the policy is the one the
     logged sessions ran under (the embedded default included), when there is
@@ -445,7 +453,7 @@ def build_report(
         sum(part.malformed for part in parts),
         tuple(m for part in parts for m in part.missing),
     )
-    reports = [verify_files([p for p in files if p.exists()]) for files in chains]
+    reports = [verify_files([p for p in files if p.exists()], keys=keys) for files in chains]
     chain = next((c for c in reports if not c.ok), reports[0] if reports else verify_files([]))
     recs = loaded.records
     policy_note = None
@@ -481,6 +489,14 @@ def build_report(
     lines.append(f"- Chain integrity (whole log, not only the window): {verdict}")
     for c in reports:
         lines.append(f"  - {md_long(c.summary())}")
+    signed = [r for r in recs if r.get("event") == "checkpoint"]
+    if signed and not keys:
+        lines.append(
+            f"- Signed checkpoints in the window: {len(signed)}; their signatures were not checked "
+            "(`visor report --key PUB` or `visor audit verify --key PUB` checks them)"
+        )
+    elif not keys:
+        lines.append("- Signed checkpoints: none (the logs were written without `--signing-key`)")
     lines.append("")
 
     lines += ["## 2. Controls per server and tool", ""]
@@ -609,11 +625,11 @@ def build_report(
 
     lines += ["## 6. OWASP Top 10 for LLM Applications (2025)", ""]
     events = Counter(str(r.get("event")) for r in recs)
-    rows = []
+    owasp = []
     for name, level, text, evs in _OWASP:
         evidence = ", ".join(f"{e}: {events[e]}" for e in evs) or "-"
-        rows.append((name, level, text, evidence))
-    lines += _table(["Risk", "Coverage", "What Visor does", "Events in this log"], rows)
+        owasp.append((name, level, text, evidence))
+    lines += _table(["Risk", "Coverage", "What Visor does", "Events in this log"], owasp)
     lines.append("")
 
     lines += ["## 7. What Visor does not cover", ""]
