@@ -8,7 +8,8 @@ what was printed before it, and a bidi override can reverse the order of
 what follows. Everything Visor shows a person (the terminal prompt, stderr
 log lines, `visor approve`, `visor audit show`, `visor report`) goes
 through `escape`, which turns every such character into a visible escape
-(`\\x1b`, `\\u202e`) and leaves the rest of the text alone.
+(`\\x1b`, `\\u202e`) and leaves the rest of the text alone. Colour is added
+after escaping, by Visor, and only on a terminal without NO_COLOR.
 """
 
 from __future__ import annotations
@@ -76,3 +77,49 @@ def json_text(value: Any) -> str:
 def has_unsafe(text: str) -> bool:
     """True if `text` holds a character `escape` would change."""
     return not text.isprintable() and any(is_unsafe(ch) for ch in text)
+
+
+# ------------------------------------------------------------------ colour
+# The one place that looks at the outside world: whether a stream is a
+# terminal that wants colour. https://no-color.org: NO_COLOR set to anything
+# non-empty means none; a pipe or a file never gets escape sequences.
+
+_SGR = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
+#: The colour of each verdict and check level.
+LEVEL_COLOURS = {
+    "deny": "red",
+    "reject": "red",
+    "fail": "red",
+    "error": "red",
+    "ask": "yellow",
+    "warn": "yellow",
+    "warning": "yellow",
+    "allow": "green",
+    "ok": "green",
+}
+
+
+def use_colour(stream: Any, environ: Any = None) -> bool:
+    import os
+
+    env = os.environ if environ is None else environ
+    if env.get("NO_COLOR") or env.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):
+        return False
+
+
+def paint(text: str, colour: str | None, on: bool) -> str:
+    """`text` in `colour` when `on`; the escape sequences are Visor's own, never from the text."""
+    code = _SGR.get(colour or "")
+    return f"\x1b[{code}m{text}\x1b[0m" if on and code else text
+
+
+def colour_level(text: str, level: str, stream: Any = None) -> str:
+    """A line whose colour says its level (deny, ask, FAIL, WARN, ...), on a colour terminal only."""
+    import sys
+
+    return paint(text, LEVEL_COLOURS.get(level.lower()), use_colour(stream or sys.stdout))

@@ -96,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "check that wrapped servers start, logs verify, policies lint",
         "For each client config: every wrapped server starts through Visor and lists its tools, "
         "its policy lints, its audit log verifies, and the client can find `visor`.",
-        "visor doctor\n  visor doctor --config .mcp.json --no-start",
+        "visor doctor\n  visor doctor --config .mcp.json --no-start\n  visor doctor --json",
     )
     doctor.add_argument(
         "--config",
@@ -108,6 +108,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--timeout", type=float, default=30.0, metavar="SECONDS", help="per server start (default 30)"
     )
     doctor.add_argument("--no-start", action="store_true", help="do not start the wrapped servers")
+    doctor.add_argument(
+        "--json", action="store_true", help="print the checks as one JSON document (docs/clients.md)"
+    )
+    doctor.add_argument(
+        "--progress",
+        action="store_true",
+        help="say on stderr what is being checked (the default on a terminal)",
+    )
     doctor.set_defaults(func=_doctor)
 
 

@@ -20,13 +20,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from visor.display import colour_level
+from visor.install import vscode_vars
 from visor.install.configs import (
     UPSTREAM_KEY,
     Config,
@@ -93,17 +97,27 @@ def _without(options: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 class Doctor:
-    def __init__(self, timeout: float, start: bool, scratch: Path) -> None:
+    def __init__(
+        self, timeout: float, start: bool, scratch: Path, quiet: bool = False, progress: bool = False
+    ) -> None:
         self.timeout = timeout
         self.start = start
         self.scratch = scratch
+        self.quiet = quiet  # --json: the checks are printed together at the end
+        self.progress = progress
         self.checks: list[Check] = []
         self.logs_checked: set[Path] = set()
 
     def add(self, level: str, subject: str, message: str, fix: str = "") -> None:
         check = Check(level, subject, message, fix)
         self.checks.append(check)
-        print(check.render(), flush=True)
+        if not self.quiet:
+            print(colour_level(check.render(), level), flush=True)
+
+    def step(self, text: str) -> None:
+        """Progress on stderr (a terminal, or --progress): starting a server takes seconds."""
+        if self.progress:
+            print(f"visor doctor: {text}", file=sys.stderr, flush=True)
 
     # ----------------------------------------------------------- configs
 
@@ -150,10 +164,27 @@ class Doctor:
         if e.kind != "wrapped":
             self.add("WARN", subject, f"not a server entry Visor understands ({e.note})")
             return
-        self.wrapped(path, subject, e)
+        ctx = (
+            vscode_vars.context_for(path, home_dir())
+            if vscode_vars.is_vscode_config(path, config.blocks)
+            else None
+        )
+        self.wrapped(path, subject, e, ctx)
 
-    def wrapped(self, path: Path, subject: str, e: Entry) -> None:
+    def wrapped(self, path: Path, subject: str, e: Entry, ctx: vscode_vars.Context | None = None) -> None:
         value: dict[str, Any] = e.value
+        unresolved: list[str] = []
+        if ctx is not None:
+            # what VS Code does before it starts the entry
+            value, unresolved = vscode_vars.expand(value, ctx)
+            if unresolved:
+                self.add(
+                    "WARN",
+                    subject,
+                    f"uses {', '.join(unresolved)}, which VS Code fills in when it starts the server "
+                    "and doctor cannot; the server is not started here",
+                    "start it from VS Code (MCP: List Servers) to check it",
+                )
         split = wrapped_run_args(value)
         if split is None:
             self.add(
@@ -197,8 +228,15 @@ class Doctor:
                 "make them agree, or undo and wrap again",
             )
 
-        env = value.get("env") if isinstance(value.get("env"), dict) else {}
-        assert isinstance(env, dict)
+        env = dict(value["env"]) if isinstance(value.get("env"), dict) else {}
+        env_file = value.get("envFile")
+        if ctx is not None and isinstance(env_file, str) and not unresolved:
+            try:
+                env = {**vscode_vars.read_env_file(Path(env_file)), **env}
+            except (OSError, UnicodeError) as err:
+                self.add(
+                    "FAIL", subject, f"envFile {env_file}: cannot read it ({err})", "fix envFile in the entry"
+                )
         visor_cmd = str(value["command"])
         visor_exe = _resolve(visor_cmd)
         if visor_exe is None:
@@ -238,9 +276,12 @@ class Doctor:
         self.audit_log(subject, args, upstream)
         if not self.start:
             return
+        if unresolved:
+            return
         if visor_exe is None or not policy_ok:
             self.add("FAIL", subject, "not started: fix the problems above first")
             return
+        self.step(f"starting {e.label} through Visor (up to {self.timeout:g} s)")
         self.start_through_visor(subject, e, visor_exe, options, upstream, env, cwd)
 
     # ----------------------------------------------------------- parts
@@ -360,12 +401,7 @@ class Doctor:
                 timeout=self.timeout,
             )
         except ClientError as err:
-            self.add(
-                "FAIL",
-                subject,
-                f"does not start through Visor: {' | '.join(str(err).splitlines())}",
-                "run the server command by hand to see why; check its path and env",
-            )
+            self.explain_failure(subject, err, upstream, env, cwd)
             return
         ident = listing.server_info.get("name", "?")
         self.add(
@@ -379,6 +415,37 @@ class Doctor:
                 "FAIL", subject, f"Visor's test session did not leave a verifying log: {report.summary()}"
             )
 
+    def explain_failure(
+        self, subject: str, err: ClientError, upstream: list[str], env: dict[str, Any], cwd: Any
+    ) -> None:
+        """Whose fault: the server's own error if it fails on its own too, else Visor's.
+
+        Through Visor, the server's stderr and Visor's log lines arrive mixed;
+        starting the server alone once more gives its own words, unmixed.
+        """
+        self.step("the start failed; starting the server alone to see its own error")
+        try:
+            list_server(
+                upstream,
+                env=child_env(env),
+                cwd=cwd if isinstance(cwd, str) and os.path.isdir(cwd) else None,
+                timeout=self.timeout,
+            )
+        except ClientError as own:
+            self.add(
+                "FAIL",
+                subject,
+                f"the server does not start, with or without Visor: {' | '.join(str(own).splitlines())}",
+                "fix the server command, its path or its env (this is the server's own error)",
+            )
+            return
+        self.add(
+            "FAIL",
+            subject,
+            f"the server starts on its own but not through Visor: {' | '.join(str(err).splitlines())}",
+            "check the wrapped `visor run` options; run them by hand to see Visor's message",
+        )
+
 
 def config_paths(given: list[str] | None) -> list[Path]:
     if given:
@@ -390,8 +457,10 @@ def run_doctor(args: argparse.Namespace) -> int:
     from visor.audit.paths import default_audit_logs
 
     paths = config_paths(args.config)
+    as_json = getattr(args, "json", False)
+    progress = getattr(args, "progress", False) or (sys.stderr.isatty() and not as_json)
     with tempfile.TemporaryDirectory(prefix="visor-doctor-") as tmp:
-        doc = Doctor(args.timeout, not args.no_start, Path(tmp))
+        doc = Doctor(args.timeout, not args.no_start, Path(tmp), quiet=as_json, progress=progress)
         if not paths:
             doc.add(
                 "WARN",
@@ -400,9 +469,39 @@ def run_doctor(args: argparse.Namespace) -> int:
                 "visor init --list; or visor doctor --config FILE",
             )
         for p in paths:
+            doc.step(f"checking {p}")
             doc.config(p)
+        doc.step("verifying the audit logs")
         for log in default_audit_logs():
             doc.log_file("audit", log)
     counts = {lvl: sum(1 for c in doc.checks if c.level == lvl) for lvl in ("OK", "WARN", "FAIL")}
-    print(f"{counts['OK']} ok, {counts['WARN']} warning(s), {counts['FAIL']} failure(s)")
-    return 1 if counts["FAIL"] else 0
+    status = 1 if counts["FAIL"] else 0
+    if as_json:
+        print(json.dumps(json_report(doc.checks, paths, counts, status), indent=2, ensure_ascii=False))
+    else:
+        print(f"{counts['OK']} ok, {counts['WARN']} warning(s), {counts['FAIL']} failure(s)")
+    return status
+
+
+#: Version of `visor doctor --json`'s document (docs/clients.md); bumped on any incompatible change.
+JSON_VERSION = 1
+
+
+def json_report(
+    checks: list[Check], configs: list[Path], counts: dict[str, int], status: int
+) -> dict[str, Any]:
+    return {
+        "version": JSON_VERSION,
+        "configs": [str(p) for p in configs],
+        "checks": [
+            {
+                "level": c.level.lower(),
+                "subject": c.subject,
+                "message": c.message,
+                "fix": (c.fix or None) if c.level != "OK" else None,
+            }
+            for c in checks
+        ],
+        "summary": {"ok": counts["OK"], "warn": counts["WARN"], "fail": counts["FAIL"]},
+        "exit_code": status,
+    }
