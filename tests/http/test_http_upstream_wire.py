@@ -1,0 +1,333 @@
+"""HttpUpstream against a misbehaving server (aiohttp.web on loopback, in the test's own loop):
+what it sends refused as on stdio, and the transport's headers and statuses exactly."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from http_helpers import Driver, run
+
+from visor.http.headers import HeaderError, encode_header_value, parse_headers
+from visor.http.upstream import HttpUpstream, HttpUpstreamConfig, SessionExpired, display_url
+
+Handler = Callable[[web.Request, dict[str, Any] | None], Awaitable[web.StreamResponse]]
+
+INIT_RESULT = {
+    "protocolVersion": "2025-11-25",
+    "capabilities": {},
+    "serverInfo": {"name": "fake", "version": "0"},
+}
+
+
+@contextlib.asynccontextmanager
+async def fake_server(handler: Handler) -> AsyncIterator[tuple[str, list[web.Request]]]:
+    seen: list[web.Request] = []
+
+    async def entry(request: web.Request) -> web.StreamResponse:
+        seen.append(request)
+        body = orjson.loads(await request.read()) if request.method == "POST" else None
+        return await handler(request, body)
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", entry)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", seen
+    finally:
+        await runner.cleanup()
+
+
+def answer(body: dict[str, Any] | None, result: dict[str, Any]) -> bytes:
+    assert body is not None
+    return orjson.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+
+async def sse(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for e in events:
+        await resp.write(e)
+    await resp.write_eof()
+    return resp
+
+
+BAD_BODIES = {
+    "duplicate keys": b'{"jsonrpc":"2.0","id":1,"result":{"a":1},"result":{"a":2}}',
+    "batches are not accepted": b'[{"jsonrpc":"2.0","id":1,"result":{}}]',
+    "not valid JSON": b'{"jsonrpc":"2.0","id":1,"result":{"t":"a\nb"}}',
+    "byte order mark": b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"result":{}}',
+}
+
+
+@pytest.mark.parametrize("reason", sorted(BAD_BODIES))
+def test_a_bad_json_body_is_refused_and_the_request_answered_with_an_error(reason: str) -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        return web.Response(body=BAD_BODIES[reason], content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+            got = await d.recv()
+            assert got is not None and got["id"] == 1 and reason in got["error"]["message"]
+            assert "result" not in got
+            await up.close()
+            assert await d.recv() is None  # nothing else was handed on
+
+    run(main)
+
+
+def test_bad_events_are_dropped_and_the_valid_answer_after_them_passes() -> None:
+    big = b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"' + b"x" * 600 + b'"}}'
+
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        return await sse(
+            request,
+            [
+                b"data: " + big + b"\n\n",  # over the event cap
+                b'data: {"jsonrpc":"2.0","method":"a","method":"b"}\n\n',  # duplicate keys
+                b'data: [{"jsonrpc":"2.0","method":"a"}]\n\n',  # a batch
+                b'data: {"jsonrpc":"2.0","method":"notifications/progress",\r\ndata: "params":{"progress":1}}\r\n\r\n',
+                b"data: " + answer(body, {"ok": True}) + b"\n\n",
+            ],
+        )
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, max_event_bytes=512))
+            d = Driver(up)
+            response, before = await d.call("tools/list", {})
+            assert response["result"] == {"ok": True}
+            assert before == [
+                {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
+            ]
+            await up.close()
+
+    run(main)
+
+
+def test_an_oversize_body_and_a_wrong_content_type_are_refused() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        assert body is not None
+        if body["method"] == "big":
+            return web.Response(body=answer(body, {"pad": "y" * 5000}), content_type="application/json")
+        return web.Response(body=answer(body, {}), content_type="text/html")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, max_body_bytes=1000))
+            d = Driver(up)
+            big, _ = await d.call("big", {})
+            assert "over the 1000-byte limit" in big["error"]["message"]
+            html, _ = await d.call("html", {})
+            assert "Content-Type 'text/html'" in html["error"]["message"]
+            await up.close()
+
+    run(main)
+
+
+def test_a_stream_that_ends_without_ids_or_answer_gets_an_error_answer() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        return await sse(
+            request, [b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n']
+        )
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            response, before = await d.call("tools/list", {})
+            assert "ended before the answer" in response["error"]["message"]
+            assert len(before) == 1
+            assert [r.method for r in seen] == ["POST"]  # no resumption attempted without an id
+            await up.close()
+
+    run(main)
+
+
+def test_session_headers_get_stream_405_and_delete() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method == "GET":
+            return web.Response(status=405)
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "sid-1"},
+            )
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.Response(body=answer(body, {}), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url, headers=parse_headers(["X-Team: blue"], {})))
+            d = Driver(up)
+            await d.initialize()
+            await d.call("tools/list", {})
+            await up.close()
+            methods = [r.method for r in seen]
+            assert methods[0] == "POST" and methods[-1] == "DELETE" and "GET" in methods
+            first, later = seen[0], seen[1:]
+            assert first.headers["Accept"] == "application/json, text/event-stream"
+            assert first.headers["Content-Type"] == "application/json"
+            assert "Mcp-Session-Id" not in first.headers and "MCP-Protocol-Version" not in first.headers
+            for r in later:
+                assert r.headers["Mcp-Session-Id"] == "sid-1", r.method
+                assert r.headers["MCP-Protocol-Version"] == "2025-11-25", r.method
+                assert r.headers["X-Team"] == "blue"
+            assert seen[methods.index("GET")].headers["Accept"] == "text/event-stream"
+
+    run(main)
+
+
+def test_server_messages_on_the_get_stream_are_handed_on() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method == "GET":
+            return await sse(
+                request,
+                [b'id: g1\ndata: {"jsonrpc":"2.0","id":"s1","method":"roots/list"}\n\n',
+                 b'data: {"jsonrpc":"2.0","method":"x","method":"y"}\n\n'],
+            )  # fmt: skip
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(body=answer(body, INIT_RESULT), content_type="application/json")
+        return web.Response(status=202)
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, max_reconnects=0))
+            d = Driver(up)
+            await d.initialize()
+            request = await d.recv()
+            assert request == {"jsonrpc": "2.0", "id": "s1", "method": "roots/list"}
+            await up.close()
+
+    run(main)
+
+
+def test_404_for_the_session_ends_the_upstream_as_expired() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.Response(status=405)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "sid-2"},
+            )
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.Response(status=404)
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.initialize()
+            response, _ = await d.call("tools/list", {})
+            assert "new initialize" in response["error"]["message"]
+            assert await d.recv() is None
+            assert isinstance(up.failure, SessionExpired)
+            await up.close()
+            assert "DELETE" not in [r.method for r in seen]
+
+    run(main)
+
+
+def test_2026_request_headers_mirror_the_body() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if body is not None and "id" not in body:
+            return web.Response(status=202)
+        return web.Response(body=answer(body, {"resultType": "complete"}), content_type="application/json")
+
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.call("tools/call", {"name": "wéather", "arguments": {}, "_meta": meta})
+            await d.call("resources/read", {"uri": "file:///a b", "_meta": meta})
+            await up.close()
+            call, read = seen
+            assert call.headers["MCP-Protocol-Version"] == "2026-07-28"
+            assert call.headers["Mcp-Method"] == "tools/call"
+            assert call.headers["Mcp-Name"] == encode_header_value("wéather").strip()
+            assert call.headers["Mcp-Name"].startswith("=?base64?")
+            assert read.headers["Mcp-Name"] == "file:///a b"
+            assert "Mcp-Session-Id" not in call.headers
+            assert [r.method for r in seen] == ["POST", "POST"]  # no GET stream, no DELETE
+
+    run(main)
+
+
+def test_requests_over_the_in_flight_cap_are_answered_at_once() -> None:
+    import asyncio
+
+    release = asyncio.Event()
+
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(body=answer(body, {}), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, max_in_flight=2))
+            d = Driver(up)
+            for i in (1, 2, 3):
+                await d.send({"jsonrpc": "2.0", "id": i, "method": "slow", "params": {}})
+            refused = await d.recv()
+            assert refused is not None and refused["id"] == 3 and "limit 2" in refused["error"]["message"]
+            release.set()
+            ids = {(await d.recv() or {}).get("id") for _ in range(2)}
+            assert ids == {1, 2}
+            await up.close()
+
+    run(main)
+
+
+def test_header_options() -> None:
+    env = {"TOKEN": "abc", "EMPTY": ""}
+    (h,) = parse_headers(["Authorization: Bearer ${TOKEN}"], env)
+    assert (h.name, h.value) == ("Authorization", "Bearer abc")
+    assert "abc" not in repr(h)
+    assert parse_headers(["X-Cost: $5 ${EMPTY}"], env)[0].value == "$5"
+    cases = {
+        "Authorization: Bearer ${MISSING_VAR}": "environment variable MISSING_VAR is not set",
+        "no colon": "Name: value",
+        "Bad Name: x": "valid header name",
+        "Mcp-Session-Id: x": "sets this header itself",
+        "X-A: ${1BAD}": "not a valid environment variable name",
+    }
+    for option, message in cases.items():
+        with pytest.raises(HeaderError, match=message):
+            parse_headers([option], env)
+    with pytest.raises(HeaderError, match="control character") as info:
+        parse_headers(["X-A: ${TOKEN}"], {"TOKEN": "line\nbreak"})
+    assert "line" not in str(info.value)
+    with pytest.raises(HeaderError, match="given twice"):
+        parse_headers(["X-A: 1", "x-a: 2"], env)
+
+
+def test_urls_shown_without_secrets() -> None:
+    assert (
+        display_url("https://user:pw@example.test:8443/mcp?key=secret") == "https://example.test:8443/mcp?…"
+    )

@@ -1,0 +1,585 @@
+"""A Streamable HTTP server, seen by the relay as a server pipe.
+
+`visor/relay/upstream.py` spawns a stdio server and hands the relay two pipes. This module
+stands in the same place for a remote server: the relay calls `send(line)` with one
+newline-free JSON-RPC message, and reads the server's messages, one newline-free message per
+item, by iterating over the upstream. Everything HTTP stays in here:
+
+- each message is its own POST (``Accept: application/json, text/event-stream``); a request is
+  answered by one JSON body or an SSE stream, a notification or response by ``202``;
+- ``Mcp-Session-Id`` from the initialize response is sent on every later request, and
+  ``MCP-Protocol-Version`` once negotiated (2025-11-25); a 2026-07-28 message carries its
+  revision in ``_meta`` and gets ``MCP-Protocol-Version``, ``Mcp-Method`` and ``Mcp-Name``
+  from it, with no session and no GET stream;
+- after ``notifications/initialized`` a GET stream is opened for server-initiated messages
+  (``405``: the server offers none);
+- a stream that breaks before its response, where the server gave event ids, is resumed with
+  a GET carrying ``Last-Event-ID`` after the server's ``retry`` delay;
+- close sends ``DELETE`` with the session id.
+
+Every message read from HTTP goes through `classify_body` (the stdio wire rules) before it is
+handed on; what fails is logged and dropped, never passed on. A request whose answer never came
+as a valid message (a refused body, a broken stream that cannot be resumed, an HTTP error) is
+answered with a JSON-RPC error naming the reason, so the client is never left waiting.
+
+Fatal conditions end the stream of messages and are kept in `failure`: ``401``/``403`` (OAuth
+is not supported: credentials come from ``--header``), and ``404`` on a request carrying the
+session id, which the specification defines as the session having expired: the client must
+start a new session with a new initialize, so Visor ends as a stdio server would and the
+client's reconnect makes that new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from visor.http.bodies import classify_body
+from visor.http.headers import ExtraHeader, encode_header_value
+from visor.http.sse import DEFAULT_MAX_EVENT_BYTES, Event, EventReader, EventTooLarge
+from visor.logs import get_logger
+from visor.wire import errors
+from visor.wire.framer import DEFAULT_MAX_MESSAGE_BYTES
+from visor.wire.message import JsonId, Kind, Message, Rejected, classify
+
+log = get_logger("visor.http")
+
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+# Methods whose name or uri the 2026-07-28 transport mirrors into Mcp-Name.
+_NAME_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+_ACCEPT_BOTH = "application/json, text/event-stream"
+_DEFAULT_RETRY_MS = 1000
+#: A JSON-RPC error code in the implementation-defined server range, for answers Visor makes
+#: when the upstream gave none that could be passed on.
+UPSTREAM_ERROR = -32000
+
+
+class UpstreamHttpError(Exception):
+    """The upstream cannot be used any more; the message says why and what to do."""
+
+
+class AuthRequired(UpstreamHttpError):
+    pass
+
+
+class SessionExpired(UpstreamHttpError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class HttpUpstreamConfig:
+    url: str
+    headers: tuple[ExtraHeader, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    #: Requests awaiting their answer at once; one more is answered with an error at once.
+    max_in_flight: int = 64
+    connect_timeout: float = 30.0
+    #: The longest a server's ``retry`` may make Visor wait before reconnecting.
+    max_retry_seconds: float = 30.0
+    #: Reconnections of one stream without a message in between before giving up.
+    max_reconnects: int = 5
+    delete_timeout: float = 5.0
+
+
+def display_url(url: str) -> str:
+    """The URL as errors and logs show it: without user info, and without the query's values."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    query = "?…" if parts.query else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}{query}"
+
+
+def check_url(url: str) -> str:
+    """Refuse a URL that is not plain http(s) with a host."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise UpstreamHttpError(f"--url {url!r} is not a valid URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamHttpError(f"--url must be an http:// or https:// URL with a host, not {url!r}")
+    if parts.fragment:
+        raise UpstreamHttpError("--url must not hold a #fragment")
+    return url
+
+
+class _Refused(Exception):
+    """A body or stream the upstream sent that cannot be handed on."""
+
+
+class HttpUpstream:
+    """One MCP session with a Streamable HTTP server."""
+
+    def __init__(self, config: HttpUpstreamConfig) -> None:
+        check_url(config.url)
+        self.config = config
+        self.url = config.url
+        self.shown_url = display_url(config.url)
+        #: Why the upstream ended, when it ended on its own (None after a normal close).
+        self.failure: UpstreamHttpError | None = None
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._closed = False
+        self._ended = False
+
+    # ------------------------------------------------------------------ the pipe
+
+    async def send(self, line: bytes) -> None:
+        """Send one JSON-RPC message (newline-free, already checked by the relay)."""
+        if self._closed or self._ended:
+            return
+        msg = classify(line, fold_case=False)
+        if type(msg) is Rejected:
+            raise ValueError(f"not a JSON-RPC message: {msg.reason}")
+        assert type(msg) is Message
+        if msg.kind is Kind.REQUEST:
+            assert msg.id is not None
+            if len(self._in_flight) >= self.config.max_in_flight:
+                self._answer(
+                    msg.id, f"too many requests in flight to the upstream (limit {self.config.max_in_flight})"
+                )
+                return
+            if msg.id in self._in_flight:
+                self._answer(msg.id, "a request with this id is already in flight to the upstream")
+                return
+            task = self._spawn(self._request(msg))
+            self._in_flight[msg.id] = task
+        else:
+            self._spawn(self._post_one_way(msg))
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._inbox.get()
+            if item is None:
+                return
+            yield item
+
+    async def close(self) -> None:
+        """End the session: stop the streams, DELETE the session, close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._http is not None:
+            if self.session_id is not None and self.failure is None:
+                await self._delete_session()
+            await self._http.close()
+        self._end()
+
+    # ------------------------------------------------------------------ requests
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=self.config.connect_timeout, sock_connect=self.config.connect_timeout
+            )
+            # Cookies are kept: load balancers pin a session to a replica with one.
+            self._http = aiohttp.ClientSession(timeout=timeout, auto_decompress=True)
+        return self._http
+
+    def _headers(self, msg: Message | None, accept: str) -> dict[str, str]:
+        headers = {h.name: h.value for h in self.config.headers}
+        headers["Accept"] = accept
+        if msg is not None:
+            headers["Content-Type"] = "application/json"
+        version = self.protocol_version
+        modern = _message_revision(msg) if msg is not None else None
+        if modern is not None:
+            # The per-request revision: the header must say what the body's _meta says.
+            version = modern
+            assert msg is not None and msg.method is not None
+            headers["Mcp-Method"] = encode_header_value(msg.method)
+            key = _NAME_PARAM.get(msg.method)
+            params = msg.obj.get("params")
+            if key is not None and type(params) is dict and type(params.get(key)) is str:
+                headers["Mcp-Name"] = encode_header_value(params[key])
+        elif self.session_id is not None:
+            headers["Mcp-Session-Id"] = self.session_id
+        if version is not None:
+            headers["MCP-Protocol-Version"] = version
+        return headers
+
+    async def _request(self, msg: Message) -> None:
+        assert msg.id is not None
+        answered = False
+        reason = "the upstream gave no answer"
+        try:
+            answered, reason = await self._post_request(msg)
+        except UpstreamHttpError as exc:
+            # Answered before the stream of messages ends with the failure.
+            self._answer(msg.id, str(exc))
+            answered = True
+            self._fail(exc)
+        except _Refused as exc:
+            reason = str(exc)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            reason = f"the upstream {self.shown_url} could not be reached: {_describe(exc)}"
+            log.warning(
+                "upstream_request_failed", url=self.shown_url, method=msg.method, error=_describe(exc)
+            )
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._in_flight.pop(msg.id, None)
+        if not answered and not self._closed:
+            self._answer(msg.id, reason)
+
+    async def _post_request(self, msg: Message) -> tuple[bool, str]:
+        sent_session = self.session_id
+        async with self._client().post(
+            self.url, data=msg.raw, headers=self._headers(msg, _ACCEPT_BOTH), allow_redirects=False
+        ) as resp:
+            self._check_status(resp, sent_session is not None)
+            if msg.method == "initialize" and resp.status == 200:
+                self._take_session_id(resp)
+            ctype = resp.content_type
+            if 200 <= resp.status < 300:
+                if resp.status == 202:
+                    return False, "the upstream accepted the request (202) but sent no answer"
+                if ctype == "application/json":
+                    return self._deliver_answer(msg, await self._read_body(resp)), _NOT_ANSWERED
+                if ctype == "text/event-stream":
+                    return await self._read_post_stream(msg, resp), _STREAM_ENDED
+                raise _Refused(
+                    f"the upstream answered with Content-Type {ctype!r}, not JSON or an event stream"
+                )
+            # An HTTP error may still carry the JSON-RPC error for this request.
+            if ctype == "application/json":
+                with contextlib.suppress(_Refused):
+                    body = await self._read_body(resp)
+                    result = classify_body(body)
+                    if (
+                        type(result) is Message
+                        and result.kind is Kind.RESPONSE
+                        and _same_id(result.id, msg.id)
+                    ):
+                        self._deliver(result.raw)
+                        return True, ""
+            return (
+                False,
+                f"the upstream {self.shown_url} answered HTTP {resp.status} {resp.reason or ''}".rstrip(),
+            )
+
+    async def _post_one_way(self, msg: Message) -> None:
+        """A notification or a response: the server answers 202 and nothing else."""
+        try:
+            sent_session = self.session_id
+            async with self._client().post(
+                self.url, data=msg.raw, headers=self._headers(msg, _ACCEPT_BOTH), allow_redirects=False
+            ) as resp:
+                self._check_status(resp, sent_session is not None)
+                if resp.status not in (200, 202):
+                    log.warning(
+                        "upstream_refused_message",
+                        url=self.shown_url,
+                        kind=msg.kind.value,
+                        method=msg.method,
+                        status=resp.status,
+                    )
+                    return
+        except UpstreamHttpError as exc:
+            self._fail(exc)
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.warning("upstream_message_lost", url=self.shown_url, method=msg.method, error=_describe(exc))
+            return
+        if msg.method == "notifications/initialized" and self._listener is None and not self._closed:
+            self._listener = self._spawn(self._listen())
+
+    def _check_status(self, resp: aiohttp.ClientResponse, sent_session: bool) -> None:
+        status = resp.status
+        if status in (401, 403):
+            challenge = resp.headers.get("WWW-Authenticate")
+            sent_auth = any(h.name.lower() == "authorization" for h in self.config.headers)
+            what = (
+                "refused the Authorization header Visor sent"
+                if sent_auth
+                else "needs credentials: pass them with --header 'Authorization: Bearer ${TOKEN}' "
+                "(the token read from the environment variable TOKEN)"
+            )
+            shown = f"; WWW-Authenticate: {challenge}" if challenge else ""
+            raise AuthRequired(
+                f"the upstream {self.shown_url} answered {status} {resp.reason or ''}: it {what}{shown}. "
+                "OAuth sign-in is not supported by visor run --url."
+            )
+        if status == 404 and sent_session:
+            raise SessionExpired(
+                f"the upstream {self.shown_url} ended the MCP session (404 for session id): the client must "
+                "start a new session with a new initialize; Visor stops so that the client's reconnect does so"
+            )
+        if 300 <= status < 400:
+            where = resp.headers.get("Location", "")
+            raise _Refused(
+                f"the upstream {self.shown_url} redirected ({status}) to {display_url(where) if where else 'nowhere'}; "
+                "Visor does not follow redirects: give that URL to --url"
+            )
+
+    def _take_session_id(self, resp: aiohttp.ClientResponse) -> None:
+        sid = resp.headers.get("Mcp-Session-Id")
+        if sid is None:
+            return
+        if not sid or not all(0x21 <= ord(c) <= 0x7E for c in sid):
+            raise _Refused("the upstream's Mcp-Session-Id holds characters outside visible ASCII")
+        self.session_id = sid
+        log.info(
+            "upstream_session",
+            url=self.shown_url,
+            session_digest=hashlib.sha256(sid.encode()).hexdigest()[:16],
+        )
+
+    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+        cap = self.config.max_body_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise _Refused(f"the upstream's body is {resp.content_length} bytes, over the {cap}-byte limit")
+        buf = bytearray()
+        async for chunk in resp.content.iter_chunked(65536):
+            buf += chunk
+            if len(buf) > cap:
+                raise _Refused(f"the upstream's body is over the {cap}-byte limit")
+        return bytes(buf)
+
+    def _deliver_answer(self, msg: Message, body: bytes) -> bool:
+        """Hand on a JSON body; True when it answered `msg`."""
+        result = classify_body(body)
+        if type(result) is Rejected:
+            self._log_refused("body", body, result.reason)
+            raise _Refused(f"the upstream's answer was refused: {result.reason}")
+        assert type(result) is Message
+        self._observe(msg, result)
+        self._deliver(result.raw)
+        return result.kind is Kind.RESPONSE and _same_id(result.id, msg.id)
+
+    # ------------------------------------------------------------------ streams
+
+    async def _read_post_stream(self, msg: Message, resp: aiohttp.ClientResponse) -> bool:
+        """Read a request's SSE stream, resuming it where the server allows; True once answered."""
+        state = _StreamState()
+        answered = await self._read_events(resp, msg, state)
+        reconnects = 0
+        while not answered and not self._closed:
+            if not state.last_event_id or _message_revision(msg) is not None:
+                return False
+            if reconnects >= self.config.max_reconnects:
+                log.warning("upstream_stream_abandoned", url=self.shown_url, reconnects=reconnects)
+                return False
+            reconnects += 1
+            await asyncio.sleep(self._retry_delay(state))
+            progressed = state.delivered
+            async with self._client().get(
+                self.url, headers=self._resume_headers(state.last_event_id), allow_redirects=False
+            ) as again:
+                self._check_status(again, self.session_id is not None)
+                if again.status != 200 or again.content_type != "text/event-stream":
+                    log.warning("upstream_resume_refused", url=self.shown_url, status=again.status)
+                    return False
+                log.info("upstream_stream_resumed", url=self.shown_url, method=msg.method)
+                answered = await self._read_events(again, msg, state)
+            if state.delivered > progressed:
+                reconnects = 0
+        return answered
+
+    def _resume_headers(self, last_event_id: str) -> dict[str, str]:
+        headers = self._headers(None, "text/event-stream")
+        headers["Last-Event-ID"] = last_event_id
+        return headers
+
+    def _retry_delay(self, state: _StreamState) -> float:
+        ms = state.retry if state.retry is not None else _DEFAULT_RETRY_MS
+        return min(ms / 1000, self.config.max_retry_seconds)
+
+    async def _read_events(
+        self, resp: aiohttp.ClientResponse, origin: Message | None, state: _StreamState
+    ) -> bool:
+        """Hand on each event's message; True when the response to `origin` came (then stop reading)."""
+        reader = EventReader(self.config.max_event_bytes)
+        try:
+            async for chunk in resp.content.iter_any():
+                for item in reader.feed(chunk):
+                    if type(item) is EventTooLarge:
+                        log.warning(
+                            "upstream_event_refused",
+                            url=self.shown_url,
+                            reason=f"event over the {self.config.max_event_bytes}-byte limit",
+                            size=item.size,
+                        )
+                        continue
+                    assert type(item) is Event
+                    if not item.data:
+                        continue  # a priming event: only its id matters
+                    result = classify_body(item.data)
+                    if type(result) is Rejected:
+                        self._log_refused("event", item.data, result.reason)
+                        continue
+                    assert type(result) is Message
+                    if origin is not None:
+                        self._observe(origin, result)
+                    self._deliver(result.raw)
+                    state.delivered += 1
+                    if origin is not None and result.kind is Kind.RESPONSE and _same_id(result.id, origin.id):
+                        return True
+                # Kept as they come: a break in the middle of the next read resumes from here.
+                state.last_event_id = reader.last_event_id or state.last_event_id
+                state.retry = reader.retry if reader.retry is not None else state.retry
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            log.info("upstream_stream_broke", url=self.shown_url, error=_describe(exc))
+        state.last_event_id = reader.last_event_id or state.last_event_id
+        state.retry = reader.retry if reader.retry is not None else state.retry
+        dropped = reader.eof()
+        if dropped:
+            log.info("upstream_stream_cut", url=self.shown_url, incomplete_event_bytes=dropped)
+        return False
+
+    async def _listen(self) -> None:
+        """The GET stream for server-initiated messages, reopened when it ends, while the server offers it."""
+        state = _StreamState()
+        failures = 0
+        while not self._closed:
+            headers = self._headers(None, "text/event-stream")
+            if state.last_event_id:
+                headers["Last-Event-ID"] = state.last_event_id
+            try:
+                async with self._client().get(self.url, headers=headers, allow_redirects=False) as resp:
+                    self._check_status(resp, self.session_id is not None)
+                    if resp.status == 405:
+                        log.info("upstream_no_get_stream", url=self.shown_url)
+                        return
+                    if resp.status != 200 or resp.content_type != "text/event-stream":
+                        log.warning("upstream_get_stream_refused", url=self.shown_url, status=resp.status)
+                        failures += 1
+                    else:
+                        before = state.delivered
+                        await self._read_events(resp, None, state)
+                        failures = 0 if state.delivered > before else failures + 1
+            except UpstreamHttpError as exc:
+                self._fail(exc)
+                return
+            except _Refused as exc:
+                log.warning("upstream_get_stream_refused", url=self.shown_url, reason=str(exc))
+                return
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                log.info("upstream_get_stream_failed", url=self.shown_url, error=_describe(exc))
+                failures += 1
+            if failures > self.config.max_reconnects:
+                log.warning("upstream_get_stream_abandoned", url=self.shown_url, attempts=failures)
+                return
+            await asyncio.sleep(self._retry_delay(state))
+
+    # ------------------------------------------------------------------ the rest
+
+    def _observe(self, origin: Message, result: Message) -> None:
+        """The negotiated revision, from the initialize result, for the header on later requests."""
+        if (
+            origin.method != "initialize"
+            or result.kind is not Kind.RESPONSE
+            or not _same_id(result.id, origin.id)
+        ):
+            return
+        res = result.obj.get("result")
+        version = res.get("protocolVersion") if type(res) is dict else None
+        if type(version) is str and version.isascii() and version.isprintable():
+            self.protocol_version = version
+
+    async def _delete_session(self) -> None:
+        assert self._http is not None
+        try:
+            async with asyncio.timeout(self.config.delete_timeout):
+                async with self._http.delete(
+                    self.url, headers=self._headers(None, _ACCEPT_BOTH), allow_redirects=False
+                ) as resp:
+                    log.info("upstream_session_deleted", url=self.shown_url, status=resp.status)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.info("upstream_delete_failed", url=self.shown_url, error=_describe(exc))
+
+    def _deliver(self, raw: bytes) -> None:
+        if not self._ended:
+            self._inbox.put_nowait(raw)
+
+    def _answer(self, msg_id: JsonId, reason: str) -> None:
+        self._deliver(errors.error_response(msg_id, UPSTREAM_ERROR, f"Visor: {reason}"))
+
+    def _log_refused(self, where: str, data: bytes, reason: str) -> None:
+        # As on stdio: the size and digest of what was refused, never its bytes.
+        log.warning(
+            "upstream_message_refused",
+            url=self.shown_url,
+            carrier=where,
+            reason=reason,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+
+    def _fail(self, exc: UpstreamHttpError) -> None:
+        if self.failure is None:
+            self.failure = exc
+            log.error("upstream_failed", url=self.shown_url, error=str(exc))
+        # Requests still waiting get their answer before the stream ends.
+        for msg_id, task in list(self._in_flight.items()):
+            if task is not asyncio.current_task():
+                task.cancel()
+                self._answer(msg_id, str(exc))
+        self._in_flight.clear()
+        self._end()
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._inbox.put_nowait(None)
+
+
+@dataclass(slots=True)
+class _StreamState:
+    last_event_id: str = ""
+    retry: int | None = None
+    delivered: int = 0
+
+
+_NOT_ANSWERED = "the upstream's answer did not answer the request"
+_STREAM_ENDED = "the upstream's event stream ended before the answer and could not be resumed"
+
+
+def _message_revision(msg: Message) -> str | None:
+    """The revision a 2026-07-28-style message names in its ``_meta``, or None."""
+    params = msg.obj.get("params")
+    meta = params.get("_meta") if type(params) is dict else None
+    version = meta.get(PROTOCOL_VERSION_META) if type(meta) is dict else None
+    if type(version) is str and version.isascii() and version.isprintable():
+        return version
+    return None
+
+
+def _same_id(a: JsonId | None, b: JsonId | None) -> bool:
+    return a is not None and type(a) is type(b) and a == b
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
