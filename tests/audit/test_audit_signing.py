@@ -478,3 +478,34 @@ def test_the_review_pack_of_an_unsigned_log_says_so(tmp_path: Path) -> None:
     w.close_sync()
     out = visor("report", str(plain))
     assert "Signed checkpoints: none (the logs were written without `--signing-key`)" in out.stdout
+
+
+def test_the_documented_checkpoint_verifier_agrees(log: Path, keys: KeyPair, tmp_path: Path) -> None:
+    import re
+
+    doc = (ROOT / "docs" / "audit-format.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", doc.split("<!-- checkpoint-verifier -->", 1)[1], re.S)
+    assert code is not None
+    script = tmp_path / "verify_checkpoints.py"
+    script.write_text(code.group(1), encoding="utf-8")
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-I", str(script), str(keys.public), str(log)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = run()
+    assert ok.returncode == 0, ok.stderr
+    last = records(log)[-1]
+    assert (
+        ok.stdout.strip() == f"OK last checkpoint ({last['seq']}, 'close', 'fs.jsonl'), 0 record(s) after it"
+    )
+    recs = records(log)
+    cp = next(r for r in recs if r["event"] == "checkpoint")
+    cp["sig"] = ("0" if cp["sig"][0] != "0" else "1") + cp["sig"][1:]
+    log.write_bytes(rechain(recs))
+    bad = run()
+    assert bad.returncode != 0 and "InvalidSignature" in bad.stderr
