@@ -509,3 +509,17 @@ def test_the_documented_checkpoint_verifier_agrees(log: Path, keys: KeyPair, tmp
     log.write_bytes(rechain(recs))
     bad = run()
     assert bad.returncode != 0 and "InvalidSignature" in bad.stderr
+
+
+def test_a_rotation_right_after_an_interval_checkpoint_still_ends_the_file_signed(
+    keys: KeyPair, tmp_path: Path
+) -> None:
+    log = tmp_path / "x.jsonl"
+    # Every record triggers an interval checkpoint, and every record reaches the size limit.
+    signed_log(log, keys.private, 3, every=1, max_bytes=1)
+    rotated = [p for p in tmp_path.glob("x.jsonl.*") if p.suffix[1:].isdigit()]
+    assert rotated
+    for f in rotated:
+        assert records(f)[-1]["reason"] == "rotate"
+        assert verify(f, keys.public).returncode == 0
+    assert verify(log, keys.public).returncode == 0

@@ -517,8 +517,10 @@ class AuditWriter:
     def _queue_rotation(self) -> None:
         # Numbers are handed out here, in queue order, so a rotation still waiting
         # in the queue and the next one can never be promised the same name.
-        if self._signer is not None and self._unsigned:
-            self._queue_checkpoint("rotate")  # every rotated file ends signed
+        if self._signer is not None:
+            # Every rotated file ends with this, even right after an interval one:
+            # checked on its own, a rotated file must end the way rotation ends it.
+            self._queue_checkpoint("rotate")
         target = self._path.with_name(f"{self._path.name}.{self._next_rotation}")
         self._next_rotation += 1
         self._queue.append(_Rotate(target))
