@@ -131,6 +131,13 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     run.add_argument("--log-format", default="console", choices=["json", "console"])
     run.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    run.add_argument(
+        "--url", metavar="URL", help="a Streamable HTTP server instead of COMMAND (docs/remote.md; no OAuth)"
+    )
+    run.add_argument(
+        "--header", metavar="'NAME: VALUE'", action="append", default=[],
+        help="an HTTP header for --url (repeatable); ${VAR} in VALUE is read from the environment",
+    )  # fmt: skip
     run.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
     run.set_defaults(func=_cmd_run)
 
@@ -150,7 +157,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
-    if not command:
+    if args.url is not None or args.header:
+        from visor.http.options import upstream_config
+
+        try:
+            args.http_upstream, command = upstream_config(args, command)
+        except ValueError as exc:
+            print(f"visor run: {exc}", file=sys.stderr)
+            return 2
+    elif not command:
         print(
             "visor run: no server command given; usage: visor run [OPTIONS] -- COMMAND [ARGS...]",
             file=sys.stderr,

@@ -434,11 +434,18 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
             log.warning("checks_disabled", detail="--no-checks: no policy, no audit log; for measuring only")
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
+        make_relay: Callable[..., Relay] = Relay
+        if getattr(args, "http_upstream", None) is not None:
+            from functools import partial
+
+            from visor.http.relay import HttpRelay  # imports the HTTP stack: only for --url
+
+            make_relay = partial(HttpRelay, args.http_upstream)
         if args.no_checks:
-            relay = Relay(command, config, Checks())
+            relay = make_relay(command, config, Checks())
         else:
             checked = _build_checks(args, command)
-            relay = Relay(
+            relay = make_relay(
                 command,
                 replace(config, listing_timeout=checked.listing_timeout),
                 checked.checks,

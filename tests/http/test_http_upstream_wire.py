@@ -13,7 +13,8 @@ from aiohttp import web
 from http_helpers import Driver, run
 
 from visor.http.headers import HeaderError, encode_header_value, parse_headers
-from visor.http.upstream import HttpUpstream, HttpUpstreamConfig, SessionExpired, display_url
+from visor.http.target import display_url
+from visor.http.upstream import HttpUpstream, HttpUpstreamConfig, SessionExpired
 
 Handler = Callable[[web.Request, dict[str, Any] | None], Awaitable[web.StreamResponse]]
 

@@ -37,13 +37,13 @@ import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from visor.http.bodies import classify_body
 from visor.http.headers import ExtraHeader, encode_header_value
 from visor.http.sse import DEFAULT_MAX_EVENT_BYTES, Event, EventReader, EventTooLarge
+from visor.http.target import UrlError, check_url, display_url
 from visor.logs import get_logger
 from visor.wire import errors
 from visor.wire.framer import DEFAULT_MAX_MESSAGE_BYTES
@@ -89,31 +89,6 @@ class HttpUpstreamConfig:
     delete_timeout: float = 5.0
 
 
-def display_url(url: str) -> str:
-    """The URL as errors and logs show it: without user info, and without the query's values."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    query = "?…" if parts.query else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}{query}"
-
-
-def check_url(url: str) -> str:
-    """Refuse a URL that is not plain http(s) with a host."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise UpstreamHttpError(f"--url {url!r} is not a valid URL: {exc}") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UpstreamHttpError(f"--url must be an http:// or https:// URL with a host, not {url!r}")
-    if parts.fragment:
-        raise UpstreamHttpError("--url must not hold a #fragment")
-    return url
-
-
 class _Refused(Exception):
     """A body or stream the upstream sent that cannot be handed on."""
 
@@ -122,7 +97,10 @@ class HttpUpstream:
     """One MCP session with a Streamable HTTP server."""
 
     def __init__(self, config: HttpUpstreamConfig) -> None:
-        check_url(config.url)
+        try:
+            check_url(config.url)
+        except UrlError as exc:
+            raise UpstreamHttpError(str(exc)) from exc
         self.config = config
         self.url = config.url
         self.shown_url = display_url(config.url)
@@ -173,10 +151,16 @@ class HttpUpstream:
                 return
             yield item
 
-    async def close(self) -> None:
-        """End the session: stop the streams, DELETE the session, close the connections."""
+    async def close(self, grace: float = 0.0) -> None:
+        """End the session: stop the streams, DELETE the session, close the connections.
+
+        With `grace`, requests already sent get up to that many seconds to be answered first,
+        as a stdio server whose input closed may still answer what it read.
+        """
         if self._closed:
             return
+        if grace > 0 and self._in_flight and not self._ended:
+            await asyncio.wait(list(self._in_flight.values()), timeout=grace)
         self._closed = True
         if self._listener is not None:
             self._listener.cancel()

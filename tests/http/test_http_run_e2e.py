@@ -1,0 +1,155 @@
+"""The real SDK stdio client -> `visor run --url` -> the real SDK server over streamable-http.
+
+The client side, the policy, the audit log and the approvals are those of a stdio server: an
+allowed call is relayed, a denied one is answered with the same tool error as on stdio, and the
+audit log holds the same records.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp.types as types
+from http_helpers import sdk_server
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+ROOT = Path(__file__).resolve().parents[2]
+STDIO_SDK_SERVER = ROOT / "tests" / "servers" / "sdk_server.py"
+
+POLICY = """\
+version: "1.0"
+default_action: deny
+servers:
+  - name: "remote"
+    allowed: true
+    tools:
+      - name: "add"
+        allowed: true
+      - name: "slow_count"
+        allowed: true
+      - name: "confirm"
+        allowed: true
+"""
+
+
+def dump(model: Any) -> Any:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def _elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"ok": True})
+
+
+async def scenario(params: StdioServerParameters) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    progress: list[float] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append(p)
+
+    async with stdio_client(params) as (r, w), ClientSession(r, w, elicitation_callback=_elicit) as s:
+        await s.initialize()
+        out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
+        out["add"] = dump(await s.call_tool("add", {"a": 2, "b": 40}))
+        out["fail"] = dump(await s.call_tool("fail", {"reason": "boom"}))
+        out["slow_count"] = dump(await s.call_tool("slow_count", {"n": 3}, progress_callback=on_progress))
+        out["confirm"] = dump(await s.call_tool("confirm", {"question": "proceed?"}))
+    out["progress"] = progress
+    return out
+
+
+def visor(tmp_path: Path, name: str, *args: str) -> tuple[StdioServerParameters, Path]:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    audit = tmp_path / name / "audit.jsonl"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "visor.cli", "run", "--server-name", "remote", "--policy", str(policy),
+              "--audit-log", str(audit), *args],
+    )  # fmt: skip
+    return params, audit
+
+
+def records(audit: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in audit.read_text().splitlines()]
+
+
+def test_visor_run_url_allows_denies_and_audits_as_on_stdio(tmp_path: Path) -> None:
+    with sdk_server() as url:
+        params, audit = visor(tmp_path, "http", "--url", url)
+        over_http = anyio.run(scenario, params)
+    stdio_params, stdio_audit = visor(tmp_path, "stdio", "--", sys.executable, str(STDIO_SDK_SERVER))
+    over_stdio = anyio.run(scenario, stdio_params)
+
+    assert over_http["add"]["content"][0]["text"] == "42"
+    assert over_http["fail"]["isError"] is True
+    assert "Visor denied this call" in over_http["fail"]["content"][0]["text"]
+    # The deny is Visor's own answer, word for word the one a stdio server's client reads.
+    assert over_http["fail"] == over_stdio["fail"]
+    assert over_http["progress"] == [1, 2, 3]
+    assert over_http["confirm"]["content"][0]["text"] == "accepted ok=True"
+
+    got = records(audit)
+
+    def events(rs: list[dict[str, Any]]) -> list[tuple[str, str | None, str | None]]:
+        return [
+            (r["event"], r.get("tool"), r.get("method"))
+            for r in rs
+            if r["event"] in ("allow", "deny", "result")
+        ]
+
+    assert events(got) == events(records(stdio_audit))
+    tools = [(e, t) for e, t, _ in events(got) if t is not None]
+    assert tools == [
+        ("allow", "add"), ("result", "add"), ("deny", "fail"), ("allow", "slow_count"),
+        ("result", "slow_count"), ("allow", "confirm"), ("result", "confirm"),
+    ]  # fmt: skip
+    assert got[-1]["event"] == "session_end"
+    verify = subprocess.run(
+        [sys.executable, "-m", "visor.cli", "audit", "verify", str(audit)], capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_bad_url_and_missing_variable_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    cases = {
+        ("--url", "ftp://example.test/mcp"): "http:// or https://",
+        ("--url", "http://127.0.0.1:9/mcp", "--header", "Authorization: Bearer ${VISOR_TEST_NO_SUCH_VAR}"):
+            "environment variable VISOR_TEST_NO_SUCH_VAR is not set",
+        ("--url", "http://127.0.0.1:9/mcp", "--", "server"): "not both",
+        ("--header", "X-A: 1"): "only for an HTTP server given with --url",
+    }  # fmt: skip
+    for args, message in cases.items():
+        p = subprocess.run(
+            [sys.executable, "-m", "visor.cli", "run", *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        assert p.returncode == 2, (args, p.stderr)
+        assert message in p.stderr, (args, p.stderr)
+        assert p.stdout == ""
+
+
+def test_a_401_upstream_ends_visor_run_with_the_reason(tmp_path: Path) -> None:
+    with sdk_server("--token-env", "VISOR_TEST_TOKEN", env={"VISOR_TEST_TOKEN": "t0k"}) as url:
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(POLICY)
+        init = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                           "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                      "clientInfo": {"name": "t", "version": "0"}}})  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, "-m", "visor.cli", "run", "--server-name", "remote", "--policy", str(policy),
+             "--audit-log", str(tmp_path / "a.jsonl"), "--url", url],
+            input=init + "\n", capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    answer = json.loads(p.stdout.splitlines()[0])
+    assert answer["id"] == 1 and "401" in answer["error"]["message"]
+    assert url in p.stderr and "Authorization" in p.stderr and "WWW-Authenticate" in p.stderr
+    assert "t0k" not in p.stderr

@@ -1,0 +1,146 @@
+"""`visor run --url`: the stdio relay with a Streamable HTTP server where the child process would be.
+
+The relay (visor/relay/proxy.py) and its session core are unchanged: the client side, the
+framer, the checks, the audit commits and the approvals are exactly those of a stdio server.
+What changes is what stands behind the server's two pipes. Instead of a child process, two
+pipes of Visor's own lead to an `HttpUpstream`: the lines the core writes to "the server's
+stdin" are POSTed, and the messages the upstream reads from HTTP are written, one line each,
+to "the server's stdout", where the core frames and checks them as it does any server's output.
+Closing the server's input (client EOF) lets requests in flight finish within the shutdown
+grace, then ends the HTTP session (DELETE), which ends the server's output: the same order
+of events as a stdio server exiting after its stdin closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from visor.http.upstream import HttpUpstream, HttpUpstreamConfig
+from visor.logs import get_logger
+from visor.relay.proxy import Relay, _ClientLink
+from visor.wire.framer import Framer, Oversize, Truncated
+
+log = get_logger("visor.http")
+
+_READ_CHUNK = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Pipes:
+    """What the relay's `_connect` takes from a spawned server: its end of each pipe."""
+
+    stdin_fd: int
+    stdout_fd: int
+
+
+class HttpRelay(Relay):
+    """One `visor run --url` session: a client's pipes and a Streamable HTTP server."""
+
+    def __init__(self, upstream: HttpUpstreamConfig, argv: list[str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(argv, *args, **kwargs)
+        self.upstream_config = upstream
+        self.http: HttpUpstream | None = None
+
+    async def run(self, client_in_fd: int, client_out_fd: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._server_eof = loop.create_future()
+        self.http = HttpUpstream(self.upstream_config)
+        requests_r, requests_w = os.pipe()  # the relay writes the server's input into requests_w
+        answers_r, answers_w = os.pipe()  # and reads the server's output from answers_r
+        for fd in (requests_r, requests_w, answers_r, answers_w):
+            os.set_blocking(fd, False)
+        self._upstream = _Pipes(requests_w, answers_r)  # type: ignore[assignment]
+        pumps: list[asyncio.Task[None]] = []
+        try:
+            await self._connect(loop, client_in_fd, client_out_fd)
+            pumps = [
+                loop.create_task(self._pump_requests(requests_r)),
+                loop.create_task(self._pump_answers(answers_w)),
+            ]
+            if self.approvals is not None:
+                self.approvals.link = _ClientLink(self)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            return await self._lifecycle()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            await self.http.close()
+
+    async def _pump_requests(self, fd: int) -> None:
+        """Lines the core wrote for the server: each one POSTed; at EOF the session ends."""
+        assert self.http is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_READ_CHUNK)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+        )
+        # The core writes only lines it framed and checked itself: the cap is a safeguard.
+        framer = Framer(self.config.max_message_bytes)
+        try:
+            while True:
+                data = await reader.read(_READ_CHUNK)
+                if not data:
+                    break
+                for line in framer.feed(data):
+                    if type(line) is bytes and line:
+                        await self.http.send(line)
+                    elif isinstance(line, Oversize | Truncated):
+                        log.error("relay_line_refused", size=line.size)
+        finally:
+            transport.close()
+        await self.http.close(grace=self.config.shutdown_grace)
+
+    async def _pump_answers(self, fd: int) -> None:
+        """Messages the HTTP server sent: one line each on the server's output, then EOF."""
+        assert self.http is not None
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0)
+        )
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        try:
+            async for line in self.http:
+                writer.write(line + b"\n")
+                await writer.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            writer.close()
+
+    async def _lifecycle(self) -> int:
+        await self._server_eof
+        assert self.http is not None
+        await self.http.close()
+        await self._close_client_out()
+        await self.close()
+        failure = self.http.failure
+        if failure is not None:
+            log.error("session_end", upstream=self.http.shown_url, error=str(failure))
+            return 1
+        log.info("session_end", upstream=self.http.shown_url)
+        return 0
+
+    async def _escalate_if_stuck(self) -> None:
+        # As for a child process: the closed input first gets the shutdown grace to end the
+        # session in order (requests in flight answered), then the session is ended outright.
+        assert self.http is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._server_eof), self.config.shutdown_grace)
+        if self._server_eof.done():
+            return
+        await self.http.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._server_eof), 1.0)
+        if not self._server_eof.done():
+            self._server_out.close()
+            self._server_eof.set_result(None)
