@@ -45,7 +45,7 @@ async def _elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitRe
     return types.ElicitResult(action="accept", content={"ok": True})
 
 
-async def scenario(params: StdioServerParameters) -> dict[str, Any]:
+async def scenario(params: StdioServerParameters, modern: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     progress: list[float] = []
 
@@ -53,12 +53,18 @@ async def scenario(params: StdioServerParameters) -> dict[str, Any]:
         progress.append(p)
 
     async with stdio_client(params) as (r, w), ClientSession(r, w, elicitation_callback=_elicit) as s:
-        await s.initialize()
+        if modern:
+            # 2026-07-28: no handshake; each request names its revision in _meta.
+            await s.discover()
+        else:
+            await s.initialize()
         out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
         out["add"] = dump(await s.call_tool("add", {"a": 2, "b": 40}))
         out["fail"] = dump(await s.call_tool("fail", {"reason": "boom"}))
         out["slow_count"] = dump(await s.call_tool("slow_count", {"n": 3}, progress_callback=on_progress))
-        out["confirm"] = dump(await s.call_tool("confirm", {"question": "proceed?"}))
+        if not modern:
+            # The 2026-07-28 revision has no server-to-client requests on a stream.
+            out["confirm"] = dump(await s.call_tool("confirm", {"question": "proceed?"}))
     out["progress"] = progress
     return out
 
@@ -114,6 +120,20 @@ def test_visor_run_url_allows_denies_and_audits_as_on_stdio(tmp_path: Path) -> N
         [sys.executable, "-m", "visor.cli", "audit", "verify", str(audit)], capture_output=True, text=True
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_visor_run_url_on_the_2026_07_28_revision(tmp_path: Path) -> None:
+    with sdk_server() as url:
+        params, audit = visor(tmp_path, "http", "--url", url)
+        over_http = anyio.run(scenario, params, True)
+    stdio_params, _ = visor(tmp_path, "stdio", "--", sys.executable, str(STDIO_SDK_SERVER))
+    over_stdio = anyio.run(scenario, stdio_params, True)
+    assert over_http["add"]["content"][0]["text"] == "42"
+    assert over_http["add"]["resultType"] == "complete"
+    assert over_http["fail"] == over_stdio["fail"] and over_http["fail"]["isError"] is True
+    assert over_http["progress"] == [1, 2, 3]
+    tools = [(r["event"], r.get("tool")) for r in records(audit) if r["event"] in ("allow", "deny")]
+    assert tools == [("allow", "add"), ("deny", "fail"), ("allow", "slow_count")]
 
 
 def test_bad_url_and_missing_variable_are_refused_before_anything_starts(tmp_path: Path) -> None:
