@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     bench.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
     bench.add_argument(
+        "--progress", action="store_true", help="say on stderr which row runs (the default on a terminal)"
+    )
+    bench.add_argument(
         "--server-cmd", metavar="CMD", help="benchmark your own server (a shell-quoted command line)"
     )
     bench.add_argument("--policy", metavar="FILE", help="with --server-cmd: your policy")

@@ -307,8 +307,12 @@ def watch(
     events: frozenset[str] = _SHOWN,
     interval: float = 0.2,
 ) -> int:
+    from visor import display
+
     follower = _Follower(folder)
     shown = 0
+    # deny red, ask yellow, allow green: on a colour terminal only (never a pipe, never NO_COLOR)
+    colour = display.use_colour(out)
 
     def emit(lines: list[bytes], history: bool) -> None:
         nonlocal shown
@@ -317,7 +321,8 @@ def watch(
             recs = [r for r in recs if since is None or _after(r, since)]
             recs.sort(key=lambda r: str(r.get("ts", "")))
         for rec in recs:
-            out.write(format_event(rec) + "\n")
+            event = str(rec.get("event"))
+            out.write(display.paint(format_event(rec), display.LEVEL_COLOURS.get(event), colour) + "\n")
             shown += 1
         out.flush()
 

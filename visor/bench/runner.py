@@ -403,10 +403,28 @@ def check_targets(
     return targets
 
 
-async def _bench_rows(rows: list[Row], work: Workload, tmp: Path, huge: bool) -> dict[str, Any]:
-    results = [await drive(row, work) for row in rows]
+def _progress(enabled: bool) -> Any:
+    """A function that says on stderr what runs now (stdout carries the table and nothing else)."""
+
+    def say(text: str) -> None:
+        if enabled:
+            print(f"visor bench: {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+async def _bench_rows(
+    rows: list[Row], work: Workload, tmp: Path, huge: bool, say: Any = None
+) -> dict[str, Any]:
+    say = say or _progress(False)
+    results = []
+    steps = len(rows) + (1 if huge else 0)
+    for i, row in enumerate(rows, 1):
+        say(f"[{i}/{steps}] {row.name}")
+        results.append(await drive(row, work))
     data: dict[str, Any] = {"results": results}
     if huge:
+        say(f"[{steps}/{steps}] a {work.huge_line_bytes >> 20} MiB line without newline")
         data["huge"] = await huge_line_rss(
             visor_command(["--no-checks", "--log-level", "warning"], ECHO_SERVER), work.huge_line_bytes
         )
@@ -427,8 +445,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     work = Workload.quick() if getattr(args, "quick", False) else Workload()
     user_server = getattr(args, "server_cmd", None)
+    # progress only where a person watches (a terminal), or when asked for
+    say = _progress(getattr(args, "progress", False) or sys.stderr.isatty())
     with tempfile.TemporaryDirectory(prefix="visor-bench-", dir=os.getcwd()) as tmp_name:
         tmp = Path(tmp_name)
+        say("measuring this disk's fsync")
         fsync_s = fsync_latency_probe(tmp, samples=50)
         if user_server:
             rows = user_rows(
@@ -442,7 +463,7 @@ def run_bench(args: argparse.Namespace) -> int:
             work = Workload(sequential=work.sequential, pipelined=work.pipelined, big_calls=0, micro=False)
         else:
             rows = default_rows(tmp, work)
-        data = uvloop.run(_bench_rows(rows, work, tmp, huge=not user_server))
+        data = uvloop.run(_bench_rows(rows, work, tmp, huge=not user_server, say=say))
     results: list[RowResult] = data["results"]
     info = machine_info()
     print(
@@ -480,6 +501,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if work.micro:
         from visor.bench.micro import run_micro
 
+        say("micro-benchmarks of the hot functions")
         micro = run_micro(work.provenance_outputs)
         print("\nHot functions (median ns per call):")
         for name, ns in micro.items():

@@ -105,8 +105,10 @@ def run_lint(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(findings_json(args.file, findings), indent=2))
     else:
+        from visor.display import colour_level
+
         for f in findings:
-            print(f.render(args.file))
+            print(colour_level(f.render(args.file), f.level))
         if not findings:
             hidden = f" ({len(warnings)} warning(s) hidden by --no-warnings)" if warnings else ""
             print(f"{args.file}: ok{hidden}")
