@@ -192,3 +192,13 @@ def test_parse_keeps_vscode_comments_after_the_wrap(tmp_path: Path) -> None:
     text = path.read_text()
     assert "// wrapped by the seeds" in text and "/* bouncer */" in text and "// mcp-visor" in text
     parse(text)
+
+
+def test_list_names_the_seed_that_wrapped_an_entry(tmp_path: Path) -> None:
+    (tmp_path / ".mcp.json").write_text(claude_code())
+    listing = visor("init", "--list", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert listing.returncode == 0
+    notes = next(ln for ln in listing.stdout.splitlines() if ln.strip().startswith("notes"))
+    assert "wrapped by mcp-bouncer" in notes and PY[:40] in notes
+    time = next(ln for ln in listing.stdout.splitlines() if ln.strip().startswith("time "))
+    assert "wrapped by mcp-visor" in time

@@ -15,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "Rewrite the stdio servers of an MCP client config to start through `visor run`. "
         "The original entry is kept under x-visor-upstream, so --undo restores it exactly. "
         "Run it again with --policy, --approval-dir or --absolute to change servers it wrapped before. "
+        "An entry mcp-bouncer or mcp-visor wrapped is taken out of their wrapper and the server inside "
+        "is wrapped (--undo gives their entry back). "
         "Each server keeps its tool pins in $VISOR_HOME/pins/NAME.json. Shows a diff and asks before "
         "writing; keeps a timestamped backup in $VISOR_HOME/backups/.",
         "visor init --config .mcp.json\n  visor init --config .mcp.json --server time --policy ~/.visor/time.yaml\n"

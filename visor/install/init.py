@@ -348,6 +348,8 @@ def run_list() -> int:
             }[e.kind]
             if e.kind == "wrapped" and wrapped_run_args(e.value) is None:
                 state = "NOT PROTECTED"
+            elif e.kind == "seed":
+                state = e.note  # "wrapped by mcp-bouncer": `init` unwraps it and wraps the server
             print(f"  {e.label:<24} {state:<21} {e.summary()}")
     if not found:
         print("no MCP client configs found; give one with `visor init --config FILE`")
