@@ -9,7 +9,7 @@ import itertools
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -273,6 +273,7 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
 
             get_logger("visor.run").error("approvals_save_failed", path=str(approved_path), error=str(exc))
 
+    candidates: Iterable[Path]
     if args.audit_log:
         candidates = [Path(args.audit_log)]
     else:
@@ -343,7 +344,7 @@ def approved_destinations_path(args: argparse.Namespace, command: list[str]) -> 
     )
 
 
-def read_pins_json(path: Path) -> dict:  # type: ignore[type-arg]
+def read_pins_json(path: Path) -> dict[str, Any]:
     import json
 
     with open(path, encoding="utf-8") as f:

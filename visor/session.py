@@ -40,7 +40,7 @@ _ASSERTED_MAX = 1024
 class SessionEvent:
     kind: str  # "pin", "pin_changed", "pin_new", "taint"
     tool: str | None
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 # Every field of a tool that a client shows to the model or to the user, or
@@ -53,13 +53,13 @@ PINNED_FIELDS = (
 _PINNED_FIELDS_V1 = ("description", "inputSchema", "annotations", "outputSchema")
 
 
-def _digest(tool: dict, fields: tuple[str, ...]) -> str:
+def _digest(tool: dict[str, Any], fields: tuple[str, ...]) -> str:
     body = {k: tool.get(k) for k in fields}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def pin_digest(tool: dict) -> str:
+def pin_digest(tool: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of every pinned field of a tool."""
     return _digest(tool, PINNED_FIELDS)
 
@@ -148,8 +148,8 @@ class SessionState:
             if tool in self.policy.packs[p].tools
         ]
         base: ToolPolicy | None = None
-        for _pack, entry in pack_entries:
-            base = merge_tool(base, entry) if base is not None else entry
+        for _pack, pack_entry in pack_entries:
+            base = merge_tool(base, pack_entry) if base is not None else pack_entry
         srv = self.server_entry
         exact = srv.tools.get(tool) if srv is not None else None
         star = srv.tools.get("*") if srv is not None and exact is None else None
@@ -187,7 +187,7 @@ class SessionState:
 
     # ------------------------------------------------------------ observing
 
-    def observe_server_info(self, info: dict) -> list[SessionEvent]:
+    def observe_server_info(self, info: dict[str, Any]) -> list[SessionEvent]:
         """Pin the server's self-reported name (``initialize`` result ``serverInfo``)."""
         name = info.get("name") if isinstance(info, dict) else None
         if not isinstance(name, str):
@@ -200,7 +200,7 @@ class SessionState:
             return [SessionEvent("pin_changed", None, {"server_info": name, "pinned": self.server_info_pin})]
         return []
 
-    def observe_tools_list(self, result: dict, cursor: object = None) -> list[SessionEvent]:
+    def observe_tools_list(self, result: dict[str, Any], cursor: object = None) -> list[SessionEvent]:
         """Pin a tools/list page. ``cursor`` is the ``params.cursor`` of the request it answers."""
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
@@ -257,7 +257,7 @@ class SessionState:
         self._reselect_packs()
         return events
 
-    def observe_output(self, tool: str | None, result: dict) -> None:
+    def observe_output(self, tool: str | None, result: dict[str, Any]) -> None:
         """Index every destination-like token in a server result or error.
 
         A tool whose entry names ``trusted_output_fields`` or ``sender_fields``
@@ -302,7 +302,7 @@ class SessionState:
     def _observe_fields(
         self,
         tool: str,
-        result: dict,
+        result: dict[str, Any],
         trusted: tuple[fields.FieldPath, ...],
         sender: tuple[fields.FieldPath, ...],
         read_text: bool,
@@ -313,7 +313,7 @@ class SessionState:
         free text. With ``read_text``, a text content item that is a JSON or
         YAML document is read as records (visor/policy/fields.py)."""
         # (value, path, class); a path is a tuple of segments (fields.ITEM for a list item)
-        stack: list[tuple[Any, tuple, int]] = [(result, (), _FREE)]
+        stack: list[tuple[Any, tuple[str | None, ...], int]] = [(result, (), _FREE)]
         while stack:
             v, path, cls = stack.pop()
             if isinstance(v, str):
@@ -361,7 +361,7 @@ class SessionState:
                         item = str(item)
                     stack.append((item, sub, c))
 
-    def _index_string(self, tool: str, s: str, path: tuple, cls: int) -> None:
+    def _index_string(self, tool: str, s: str, path: tuple[str | None, ...], cls: int) -> None:
         if cls == _SENDER:
             self.attributed.set_where((tool, fields.render(path)))
             self.attributed.add(s)
@@ -416,14 +416,14 @@ class SessionState:
             if self.approvals_saver is not None:
                 self.approvals_saver(self.export_approvals())
 
-    def export_approvals(self) -> dict:
+    def export_approvals(self) -> dict[str, Any]:
         return {
             "format": APPROVALS_FORMAT,
             "server": self.server,
             "destinations": [list(k) for k in sorted(self.remembered)],
         }
 
-    def import_approvals(self, data: dict) -> None:
+    def import_approvals(self, data: dict[str, Any]) -> None:
         """Adopt destinations a human approved with "remember" in an earlier session."""
         if not isinstance(data, dict) or data.get("format") != APPROVALS_FORMAT:
             raise ValueError(f"not a Visor approved-destinations file (format {APPROVALS_FORMAT})")
@@ -441,7 +441,7 @@ class SessionState:
 
     # ------------------------------------------------------------ pin files
 
-    def export_pins(self) -> dict:
+    def export_pins(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "format": PIN_FORMAT,
             "server": self.server,
@@ -451,7 +451,7 @@ class SessionState:
             out["server_info"] = self.server_info_pin
         return out
 
-    def import_pins(self, data: dict) -> None:
+    def import_pins(self, data: dict[str, Any]) -> None:
         """Adopt pins saved by an earlier session: they become this session's first listing."""
         if not isinstance(data, dict) or data.get("format") not in (1, PIN_FORMAT):
             raise ValueError(f"not a Visor pin file (format 1 or {PIN_FORMAT})")

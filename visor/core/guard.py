@@ -135,7 +135,7 @@ class DataGuard:
         new_args, findings = redact.redact_arguments(pset, msg.arguments)
         if not findings:
             return msg
-        params = {**msg.obj["params"], "arguments": new_args}
+        params = {**(msg.obj.get("params") or {}), "arguments": new_args}
         raw = _rewrite(msg.obj, "params", params)
         self._redacted("arguments", msg.id, findings, tool=msg.tool, method=msg.method)
         return msg._replace(raw=raw, obj=orjson.loads(raw), arguments=new_args)
@@ -217,7 +217,9 @@ class DataGuard:
         if entry is None or not entry.hide_denied_tools:
             return None
         result = response.obj.get("result")
-        tools = result.get("tools") if type(result) is dict else None
+        if not isinstance(result, dict):
+            return None
+        tools = result.get("tools")
         if type(tools) is not list:
             return None
         kept = [

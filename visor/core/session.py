@@ -353,12 +353,14 @@ class SessionCore:
 
     def _client_request(self, msg: Message) -> None:
         pending = self.pending
-        if msg.id in pending:
+        request_id = msg.id
+        assert request_id is not None  # a request has one (classify)
+        if request_id in pending:
             self._reject_client(
                 Rejected(
                     errors.INVALID_REQUEST,
                     "id is already in use by a request in flight",
-                    (msg.id,),
+                    (request_id,),
                     method=msg.method,
                 ),
                 msg.raw,
@@ -739,6 +741,7 @@ class SessionCore:
             return
         self._client_digests.eof()
         for event in self._client_framer.eof():
+            assert isinstance(event, Oversize | Truncated)
             self._client_frame_problem(event)
         self.client_closed = True
         log.info("client_closed")
@@ -761,6 +764,7 @@ class SessionCore:
             return
         self.server_closed = True
         for event in self._server_framer.eof():
+            assert isinstance(event, Oversize | Truncated)
             log.warning("server_message_dropped", reason=type(event).__name__, size=event.size)
             self._reject("server", "stream ended inside a message", None, size=event.size)
         log.info("server_stdout_closed")
@@ -893,7 +897,7 @@ class SessionCore:
         self._to_client(line)
 
     def _server_response(self, msg: Message) -> None:
-        if is_visor_rpc_id(msg.id):
+        if type(msg.id) is str and is_visor_rpc_id(msg.id):
             listing = self._visor_to_server.pop(msg.id, None)
             if listing is not None:
                 # The answer to Visor's own request: consumed here, never forwarded.

@@ -9,10 +9,13 @@ unions); `Effective` is the result the evaluator reads. Pure: the session
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from visor.policy import destinations as dst
 from visor.policy.loader import build_plan, build_screens
 from visor.policy.schema import Policy, ServerPolicy, ToolPolicy
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,7 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
     if base is None:
         return over
 
-    def union(a: tuple, b: tuple) -> tuple:
+    def union(a: tuple[_T, ...], b: tuple[_T, ...]) -> tuple[_T, ...]:
         return tuple(dict.fromkeys(a + b))
 
     return ToolPolicy(

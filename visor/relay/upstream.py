@@ -26,7 +26,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _parent_death_signal() -> None:
     # Runs in the child between fork and exec: no allocation-heavy work.
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
