@@ -166,6 +166,12 @@ def test_run_and_lint_point_a_bouncer_policy_at_the_importer(tmp_path: Path) -> 
     lint = visor("lint", str(src))
     assert lint.returncode == 1 and "visor policy import --from bouncer" in lint.stderr
     assert lint_file(str(src))[0] is None
+    config = tmp_path / ".mcp.json"
+    config.write_text('{"mcpServers": {"t": {"command": "uvx", "args": ["mcp-server-time"]}}}')
+    before = config.read_bytes()
+    init = visor("init", "--config", str(config), "--policy", str(src), "--yes", "--absolute")
+    assert init.returncode == 1 and "visor policy import --from bouncer" in init.stderr
+    assert config.read_bytes() == before
 
 
 def test_top_level_keys_match_the_loader() -> None:

@@ -293,7 +293,13 @@ def _wrap_options(
         try:
             loaded = load_policy(policy_path)
         except PolicyError as e:
-            raise ConfigError(f"the policy does not load, so wrapped servers would not start: {e}") from None
+            from visor.migrate.detect import bouncer_hint
+
+            hint = bouncer_hint(policy_path)
+            raise ConfigError(
+                f"the policy does not load, so wrapped servers would not start: {e}"
+                + (f"\n  {hint}" if hint else "")
+            ) from None
     executable = find_visor_executable()
     on_path = shutil.which("visor")
     if args.absolute:
