@@ -34,6 +34,8 @@ servers:
         allowed: true
       - name: "confirm"
         allowed: true
+      - name: "break_then_finish"
+        allowed: true
 """
 
 
@@ -134,6 +136,31 @@ def test_visor_run_url_on_the_2026_07_28_revision(tmp_path: Path) -> None:
     assert over_http["progress"] == [1, 2, 3]
     tools = [(r["event"], r.get("tool")) for r in records(audit) if r["event"] in ("allow", "deny")]
     assert tools == [("allow", "add"), ("deny", "fail"), ("allow", "slow_count")]
+
+
+def test_client_eof_lets_a_call_in_flight_finish_then_deletes_the_session(tmp_path: Path) -> None:
+    # As with a stdio server whose stdin closed: what was sent is still answered.
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "break_then_finish", "arguments": {"n": 1}}},
+    ]  # fmt: skip
+    with sdk_server() as url:
+        params, audit = visor(tmp_path, "eof", "--url", url)
+        p = subprocess.run(
+            [params.command, *params.args], input="".join(json.dumps(m) + "\n" for m in lines),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    answers = {m["id"]: m for m in map(json.loads, p.stdout.splitlines())}
+    assert answers[3]["result"]["content"][0]["text"] == "finished after the break (1)"
+    assert "upstream_session_deleted" in p.stderr
+    done = [
+        r["event"] for r in records(audit) if r.get("tool") == "break_then_finish" and r["event"] != "pin"
+    ]
+    assert done == ["allow", "result"]
 
 
 def test_bad_url_and_missing_variable_are_refused_before_anything_starts(tmp_path: Path) -> None:

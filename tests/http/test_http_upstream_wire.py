@@ -332,3 +332,56 @@ def test_urls_shown_without_secrets() -> None:
     assert (
         display_url("https://user:pw@example.test:8443/mcp?key=secret") == "https://example.test:8443/mcp?…"
     )
+
+
+def test_a_tiny_queue_holds_the_stream_back_and_loses_nothing() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        notes = [
+            b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":%d}}\n\n' % i
+            for i in range(50)
+        ]
+        return await sse(request, [*notes, b"data: " + answer(body, {}) + b"\n\n"])
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, max_queued=1))
+            d = Driver(up)
+            response, before = await d.call("tools/list", {})
+            assert response["result"] == {}
+            assert [m["params"]["progress"] for m in before] == list(range(50))
+            assert up._inbox.maxsize == 1
+            await up.close()
+
+    run(main)
+
+
+def test_messages_pipelined_behind_initialize_wait_for_its_session_id() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.Response(status=405)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "sid-3"},
+            )
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.Response(body=answer(body, {}), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+            await d.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await d.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            got = [await d.recv(), await d.recv()]
+            assert [m["id"] for m in got if m] == [1, 2]
+            await up.close()
+            posts = [r for r in seen if r.method == "POST"]
+            assert len(posts) == 3 and "Mcp-Session-Id" not in posts[0].headers
+            assert all(r.headers["Mcp-Session-Id"] == "sid-3" for r in posts[1:])
+
+    run(main)

@@ -81,6 +81,8 @@ class HttpUpstreamConfig:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     #: Requests awaiting their answer at once; one more is answered with an error at once.
     max_in_flight: int = 64
+    #: Messages read from HTTP and not yet taken by the relay; past it, reading waits.
+    max_queued: int = 1024
     connect_timeout: float = 30.0
     #: The longest a server's ``retry`` may make Visor wait before reconnecting.
     max_retry_seconds: float = 30.0
@@ -109,12 +111,16 @@ class HttpUpstream:
         self.session_id: str | None = None
         self.protocol_version: str | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue(config.max_queued)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
         self._ended = False
+        self._end_task: asyncio.Future[None] | None = None
+        # Cleared while an initialize is in flight.
+        self._initialized = asyncio.Event()
+        self._initialized.set()
 
     # ------------------------------------------------------------------ the pipe
 
@@ -126,16 +132,23 @@ class HttpUpstream:
         if type(msg) is Rejected:
             raise ValueError(f"not a JSON-RPC message: {msg.reason}")
         assert type(msg) is Message
+        # What a client sends after initialize belongs to the session its answer opens: it
+        # waits for that answer (and its Mcp-Session-Id), in order, as a stdio server reads it.
+        await self._initialized.wait()
+        if self._closed or self._ended:
+            return
         if msg.kind is Kind.REQUEST:
             assert msg.id is not None
             if len(self._in_flight) >= self.config.max_in_flight:
-                self._answer(
+                await self._answer(
                     msg.id, f"too many requests in flight to the upstream (limit {self.config.max_in_flight})"
                 )
                 return
             if msg.id in self._in_flight:
-                self._answer(msg.id, "a request with this id is already in flight to the upstream")
+                await self._answer(msg.id, "a request with this id is already in flight to the upstream")
                 return
+            if msg.method == "initialize":
+                self._initialized.clear()
             task = self._spawn(self._request(msg))
             self._in_flight[msg.id] = task
         else:
@@ -220,9 +233,9 @@ class HttpUpstream:
             answered, reason = await self._post_request(msg)
         except UpstreamHttpError as exc:
             # Answered before the stream of messages ends with the failure.
-            self._answer(msg.id, str(exc))
+            await self._answer(msg.id, str(exc))
             answered = True
-            self._fail(exc)
+            await self._fail(exc)
         except _Refused as exc:
             reason = str(exc)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -234,8 +247,10 @@ class HttpUpstream:
             raise
         finally:
             self._in_flight.pop(msg.id, None)
+            if msg.method == "initialize":
+                self._initialized.set()
         if not answered and not self._closed:
-            self._answer(msg.id, reason)
+            await self._answer(msg.id, reason)
 
     async def _post_request(self, msg: Message) -> tuple[bool, str]:
         sent_session = self.session_id
@@ -250,7 +265,7 @@ class HttpUpstream:
                 if resp.status == 202:
                     return False, "the upstream accepted the request (202) but sent no answer"
                 if ctype == "application/json":
-                    return self._deliver_answer(msg, await self._read_body(resp)), _NOT_ANSWERED
+                    return await self._deliver_answer(msg, await self._read_body(resp)), _NOT_ANSWERED
                 if ctype == "text/event-stream":
                     return await self._read_post_stream(msg, resp), _STREAM_ENDED
                 raise _Refused(
@@ -266,7 +281,7 @@ class HttpUpstream:
                         and result.kind is Kind.RESPONSE
                         and _same_id(result.id, msg.id)
                     ):
-                        self._deliver(result.raw)
+                        await self._deliver(result.raw)
                         return True, ""
             return (
                 False,
@@ -291,7 +306,7 @@ class HttpUpstream:
                     )
                     return
         except UpstreamHttpError as exc:
-            self._fail(exc)
+            await self._fail(exc)
             return
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.warning("upstream_message_lost", url=self.shown_url, method=msg.method, error=_describe(exc))
@@ -351,7 +366,7 @@ class HttpUpstream:
                 raise _Refused(f"the upstream's body is over the {cap}-byte limit")
         return bytes(buf)
 
-    def _deliver_answer(self, msg: Message, body: bytes) -> bool:
+    async def _deliver_answer(self, msg: Message, body: bytes) -> bool:
         """Hand on a JSON body; True when it answered `msg`."""
         result = classify_body(body)
         if type(result) is Rejected:
@@ -359,7 +374,7 @@ class HttpUpstream:
             raise _Refused(f"the upstream's answer was refused: {result.reason}")
         assert type(result) is Message
         self._observe(msg, result)
-        self._deliver(result.raw)
+        await self._deliver(result.raw)
         return result.kind is Kind.RESPONSE and _same_id(result.id, msg.id)
 
     # ------------------------------------------------------------------ streams
@@ -426,7 +441,7 @@ class HttpUpstream:
                     assert type(result) is Message
                     if origin is not None:
                         self._observe(origin, result)
-                    self._deliver(result.raw)
+                    await self._deliver(result.raw)
                     state.delivered += 1
                     if origin is not None and result.kind is Kind.RESPONSE and _same_id(result.id, origin.id):
                         return True
@@ -464,7 +479,7 @@ class HttpUpstream:
                         await self._read_events(resp, None, state)
                         failures = 0 if state.delivered > before else failures + 1
             except UpstreamHttpError as exc:
-                self._fail(exc)
+                await self._fail(exc)
                 return
             except _Refused as exc:
                 log.warning("upstream_get_stream_refused", url=self.shown_url, reason=str(exc))
@@ -503,12 +518,14 @@ class HttpUpstream:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.info("upstream_delete_failed", url=self.shown_url, error=_describe(exc))
 
-    def _deliver(self, raw: bytes) -> None:
+    async def _deliver(self, raw: bytes) -> None:
+        # A full queue (the relay not reading, because its client is not) holds the sender
+        # here: a stream stops being read and TCP flow control reaches the server, as a pipe would.
         if not self._ended:
-            self._inbox.put_nowait(raw)
+            await self._inbox.put(raw)
 
-    def _answer(self, msg_id: JsonId, reason: str) -> None:
-        self._deliver(errors.error_response(msg_id, UPSTREAM_ERROR, f"Visor: {reason}"))
+    async def _answer(self, msg_id: JsonId, reason: str) -> None:
+        await self._deliver(errors.error_response(msg_id, UPSTREAM_ERROR, f"Visor: {reason}"))
 
     def _log_refused(self, where: str, data: bytes, reason: str) -> None:
         # As on stdio: the size and digest of what was refused, never its bytes.
@@ -521,7 +538,7 @@ class HttpUpstream:
             sha256=hashlib.sha256(data).hexdigest(),
         )
 
-    def _fail(self, exc: UpstreamHttpError) -> None:
+    async def _fail(self, exc: UpstreamHttpError) -> None:
         if self.failure is None:
             self.failure = exc
             log.error("upstream_failed", url=self.shown_url, error=str(exc))
@@ -529,14 +546,18 @@ class HttpUpstream:
         for msg_id, task in list(self._in_flight.items()):
             if task is not asyncio.current_task():
                 task.cancel()
-                self._answer(msg_id, str(exc))
+                await self._answer(msg_id, str(exc))
         self._in_flight.clear()
         self._end()
 
     def _end(self) -> None:
         if not self._ended:
             self._ended = True
-            self._inbox.put_nowait(None)
+            try:
+                self._inbox.put_nowait(None)
+            except asyncio.QueueFull:
+                # The end waits behind what is queued; close() never waits for this task.
+                self._end_task = asyncio.ensure_future(self._inbox.put(None))
 
 
 @dataclass(slots=True)
