@@ -2,8 +2,10 @@
 what untrusted output has shown.
 
 A destination is reduced to a small set of keys (``email:a@b.c``,
-``url:https://h/p``, ``host:h``, ``channel:general``, ``phone:15551234``,
-``iban:DE89370400440532013000``).
+``url:https://h/p``, ``host:h``, ``channel:general``, ``user:alice``,
+``phone:15551234``, ``iban:DE89370400440532013000``). A bare name is read as
+the kind the argument holding it names (``read_as``): ``alice`` in a
+``recipient`` or ``user`` argument is a user, not a channel of that name.
 Output is indexed into hash sets at observe time, so checking a destination
 costs the same after ten thousand outputs as after one.
 """
@@ -69,6 +71,45 @@ def is_destination_name(name: str) -> bool:
     if any(w in _NOT_DEST_WORDS for w in words):
         return False
     return any(w in _DEST_WORDS for w in words)
+
+
+# snake_case words by which an argument says what kind of name it holds: a
+# person (a message's recipient, a member added, an invitee) or a channel.
+_USER_WORDS: frozenset[str] = frozenset(
+    {
+        "user", "users", "username", "usernames", "member", "members", "recipient", "recipients",
+        "to", "cc", "bcc", "invitee", "invitees", "attendee", "attendees", "participant",
+        "participants", "assignee", "assignees", "reviewer", "reviewers", "person", "people",
+        "contact", "contacts",
+    }
+)  # fmt: skip
+_CHANNEL_WORDS: frozenset[str] = frozenset(
+    {"channel", "channels", "room", "rooms", "conversation", "conversations"}
+)
+
+
+@lru_cache(maxsize=4096)
+def named_kind(argument: str) -> str | None:
+    """``"user"`` or ``"channel"``: the kind of name an argument holds, by its
+    name (``recipient``, ``user_id``; ``channel_id``); None when the name says
+    neither, or both (``channel_user``)."""
+    words = set(snake(argument).split("_"))
+    user, channel = not words.isdisjoint(_USER_WORDS), not words.isdisjoint(_CHANNEL_WORDS)
+    if user == channel:
+        return None
+    return "user" if user else "channel"
+
+
+def read_as(d: Dest, kind: str | None) -> Dest:
+    """``d`` as the argument it was found in names it. A bare or ``@`` name in
+    an argument that holds users is the user of that name (``user:alice``),
+    not a channel: a trust entry ``#alice`` or an approval of the channel
+    ``alice`` does not place it. Everything else is what it was read as: an
+    address, URL or number whatever the argument, and a ``#name`` a channel
+    wherever it is written."""
+    if kind == "user" and d.kind == "channel" and d.sigil != "#":
+        return Dest("user", f"user:{d.value}", d.keys, None, d.sigil)
+    return d
 
 
 # ------------------------------------------------------------- normalising
@@ -186,10 +227,11 @@ def _url_keys(value: str) -> list[str] | None:
 class Dest:
     """One destination found in an argument value."""
 
-    kind: str  # email | url | host | channel | phone | iban | opaque
+    kind: str  # email | url | host | channel | user | phone | iban | opaque
     key: str  # "kind:value"; what approvals and trust lists compare
     keys: tuple[str, ...]  # every key to look up in the output index
     domain: str | None = None  # for emails and URLs
+    sigil: str = ""  # for names: "#" or "@" when written with one
 
     @property
     def value(self) -> str:
@@ -359,7 +401,8 @@ def _parse_piece(s: str) -> Dest:
         return Dest("phone", f"phone:{digits}", (f"phone:{digits}",))
     if _CHANNEL_RE.fullmatch(s):
         name = folded.lstrip("#@")
-        return Dest("channel", f"channel:{name}", (f"token:{name}",))
+        sigil = s[0] if s[0] in "#@" else ""
+        return Dest("channel", f"channel:{name}", (f"token:{name}",), None, sigil)
     return Dest("opaque", f"opaque:{folded}", (f"token:{folded}",))
 
 
@@ -398,7 +441,7 @@ def domain_within(domain: str, pattern: str) -> bool:
 class TrustList:
     """Destinations an operator vouches for, pre-split for O(1) lookups."""
 
-    keys: frozenset[str]  # exact keys: email:, host:, channel:, phone:, opaque:
+    keys: frozenset[str]  # exact keys: email:, host:, channel:, user:, phone:, opaque:
     domains: frozenset[str]  # "acme.com": email or URL at exactly that domain
     suffixes: tuple[str, ...]  # ".acme.com": strict subdomains
     url_prefixes: tuple[str, ...]  # "url:https://hooks.example.com/services/T0/"
@@ -443,6 +486,10 @@ def build_trust(entries: tuple[str, ...] | list[str]) -> TrustList:
                 keys.add(url)
             else:
                 keys.add(d.key)
+                if d.kind == "channel" and d.sigil != "#":
+                    # a bare or @ name vouches for the user of that name too;
+                    # a #name is a channel only
+                    keys.add(f"user:{d.value}")
     return TrustList(frozenset(keys), frozenset(domains), tuple(suffixes), tuple(prefixes))
 
 

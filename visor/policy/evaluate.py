@@ -391,7 +391,7 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
 
 #: The ask that stands for a destination seen in untrusted output under
 #: ``untrusted_output: ask``; with no approval channel the gate turns it back
-#: into the ``provenance.untrusted_output`` deny (visor/gate.py, _no_approval).
+#: into the ``provenance.untrusted_output`` deny (the gate's ``_no_approval``).
 UNTRUSTED_OUTPUT_ASK = "provenance.untrusted_output_ask"
 
 
@@ -418,15 +418,19 @@ def check_provenance(c: _Ctx) -> Decision | None:
     tool = c.call.tool
     srv = session.server_entry
     denied = srv.denied_destinations if srv is not None else ()
-    parsed = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
+    # A name is read as the kind its argument names (a bare name in a
+    # recipient argument is a user, not a channel); what output asserted is
+    # looked up as read there, where no argument says the kind.
+    read = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
+    parsed = [(arg, dst.read_as(d, dst.named_kind(arg))) for arg, d in read]
     # Placed without a human: an exact trusted destination, one a human
     # approved for this tool and argument earlier in the session (or in an
     # earlier one, with "remember"), or one the service itself asserted in a
     # trusted field of its output (a calendar participant, a file's
     # shared_with): a known correspondent, even if free text repeats it.
     placed = [
-        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(d)
-        for arg, d in parsed
+        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(as_read)
+        for (arg, d), (_a, as_read) in zip(parsed, read, strict=True)
     ]
     ask_seen: Decision | None = None
     # every deny first ...
