@@ -385,3 +385,29 @@ def test_messages_pipelined_behind_initialize_wait_for_its_session_id() -> None:
             assert all(r.headers["Mcp-Session-Id"] == "sid-3" for r in posts[1:])
 
     run(main)
+
+
+def test_an_http_error_is_answered_with_its_status_and_the_servers_own_words() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        assert body is not None
+        if body["method"] == "mine":  # the JSON-RPC error for this very request: passed on as it is
+            err = {"jsonrpc": "2.0", "id": body["id"], "error": {"code": -32601, "message": "no such method"}}
+            return web.Response(status=404, body=orjson.dumps(err), content_type="application/json")
+        err = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Missing session ID"}}
+        return web.Response(status=400, body=orjson.dumps(err), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            mine, _ = await d.call("mine", {})
+            assert mine["error"] == {"code": -32601, "message": "no such method"}
+            other, _ = await d.call("other", {})
+            assert other["error"]["code"] == -32000
+            assert (
+                other["error"]["message"]
+                == f"Visor: the upstream {url} answered HTTP 400 Bad Request: Missing session ID"
+            )
+            await up.close()
+
+    run(main)

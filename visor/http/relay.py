@@ -45,12 +45,15 @@ class HttpRelay(Relay):
         super().__init__(argv, *args, **kwargs)
         self.upstream_config = upstream
         self.http: HttpUpstream | None = None
+        self._answers_pump: asyncio.Task[None] | None = None
 
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._server_eof = loop.create_future()
         self.http = HttpUpstream(self.upstream_config)
+        # Only what every version of the stdio relay reads is touched here: run() sets the loop,
+        # the server-EOF future and `_upstream` (whose two fds `_connect` takes); the rest is ours.
         requests_r, requests_w = os.pipe()  # the relay writes the server's input into requests_w
         answers_r, answers_w = os.pipe()  # and reads the server's output from answers_r
         for fd in (requests_r, requests_w, answers_r, answers_w):
@@ -59,10 +62,8 @@ class HttpRelay(Relay):
         pumps: list[asyncio.Task[None]] = []
         try:
             await self._connect(loop, client_in_fd, client_out_fd)
-            pumps = [
-                loop.create_task(self._pump_requests(requests_r)),
-                loop.create_task(self._pump_answers(answers_w)),
-            ]
+            self._answers_pump = loop.create_task(self._pump_answers(answers_w))
+            pumps = [loop.create_task(self._pump_requests(requests_r)), self._answers_pump]
             if self.approvals is not None:
                 self.approvals.link = _ClientLink(self)
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -118,8 +119,9 @@ class HttpRelay(Relay):
             writer.close()
 
     async def _lifecycle(self) -> int:
-        await self._server_eof
-        assert self.http is not None
+        server_eof = self._server_eof
+        assert server_eof is not None and self.http is not None
+        await server_eof
         await self.http.close()
         await self._close_client_out()
         await self.close()
@@ -133,14 +135,15 @@ class HttpRelay(Relay):
     async def _escalate_if_stuck(self) -> None:
         # As for a child process: the closed input first gets the shutdown grace to end the
         # session in order (requests in flight answered), then the session is ended outright.
-        assert self.http is not None
+        server_eof = self._server_eof
+        assert server_eof is not None and self.http is not None
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._server_eof), self.config.shutdown_grace)
-        if self._server_eof.done():
+            await asyncio.wait_for(asyncio.shield(server_eof), self.config.shutdown_grace)
+        if server_eof.done():
             return
         await self.http.close()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._server_eof), 1.0)
-        if not self._server_eof.done():
-            self._server_out.close()
-            self._server_eof.set_result(None)
+            await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
+        if not server_eof.done() and self._answers_pump is not None:
+            # Closing our end of the server's output is the server's EOF, whatever still waits.
+            self._answers_pump.cancel()

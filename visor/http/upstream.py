@@ -272,6 +272,7 @@ class HttpUpstream:
                     f"the upstream answered with Content-Type {ctype!r}, not JSON or an event stream"
                 )
             # An HTTP error may still carry the JSON-RPC error for this request.
+            said = ""
             if ctype == "application/json":
                 with contextlib.suppress(_Refused):
                     body = await self._read_body(resp)
@@ -283,10 +284,9 @@ class HttpUpstream:
                     ):
                         await self._deliver(result.raw)
                         return True, ""
-            return (
-                False,
-                f"the upstream {self.shown_url} answered HTTP {resp.status} {resp.reason or ''}".rstrip(),
-            )
+                    said = _error_text(result)
+            status = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
+            return False, f"the upstream {self.shown_url} answered {status}{said}"
 
     async def _post_one_way(self, msg: Message) -> None:
         """A notification or a response: the server answers 202 and nothing else."""
@@ -579,6 +579,17 @@ def _message_revision(msg: Message) -> str | None:
     if type(version) is str and version.isascii() and version.isprintable():
         return version
     return None
+
+
+def _error_text(result: Message | Rejected) -> str:
+    """The message of a JSON-RPC error the server sent without this request's id (e.g. id null)."""
+    if type(result) is not Message or result.kind is not Kind.RESPONSE:
+        return ""
+    error = result.obj.get("error")
+    text = error.get("message") if type(error) is dict else None
+    if type(text) is not str or not text:
+        return ""
+    return f": {text[:300]}"
 
 
 def _same_id(a: JsonId | None, b: JsonId | None) -> bool:
