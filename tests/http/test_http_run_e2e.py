@@ -200,3 +200,25 @@ def test_a_401_upstream_ends_visor_run_with_the_reason(tmp_path: Path) -> None:
     assert answer["id"] == 1 and "401" in answer["error"]["message"]
     assert url in p.stderr and "Authorization" in p.stderr and "WWW-Authenticate" in p.stderr
     assert "t0k" not in p.stderr
+
+
+def test_sigterm_ends_visor_run_url_and_its_http_session(tmp_path: Path) -> None:
+    import signal
+
+    with sdk_server() as url:
+        params, _ = visor(tmp_path, "sig", "--url", url)
+        proc = subprocess.Popen(
+            [params.command, *params.args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}  # fmt: skip
+        proc.stdin.write(json.dumps(init).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        proc.stdin.close()
+    assert proc.returncode == 0, err.decode()
+    assert b"upstream_session_deleted" in err

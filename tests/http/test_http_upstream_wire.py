@@ -411,3 +411,59 @@ def test_an_http_error_is_answered_with_its_status_and_the_servers_own_words() -
             await up.close()
 
     run(main)
+
+
+def test_the_get_stream_reconnects_from_its_last_event_id() -> None:
+    gets: list[str | None] = []
+
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method == "GET":
+            gets.append(request.headers.get("Last-Event-ID"))
+            n = len(gets)
+            return await sse(
+                request, [b'retry: 10\nid: g%d\ndata: {"jsonrpc":"2.0","method":"n%d"}\n\n' % (n, n)]
+            )
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(body=answer(body, INIT_RESULT), content_type="application/json")
+        return web.Response(status=202)
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.initialize()
+            got = [await d.recv() for _ in range(3)]
+            assert [m["method"] for m in got if m] == ["n1", "n2", "n3"]
+            await up.close()
+            assert gets[:3] == [None, "g1", "g2"]
+
+    run(main)
+
+
+def test_a_redirect_is_not_followed_and_a_bad_session_id_is_refused() -> None:
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        assert body is not None
+        if body["method"] == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "a b"},
+            )
+        return web.Response(status=307, headers={"Location": "http://elsewhere.test/mcp?token=x"})
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            init, _ = await d.call("initialize", {})
+            assert "outside visible ASCII" in init["error"]["message"] and up.session_id is None
+            moved, _ = await d.call("tools/list", {})
+            text = moved["error"]["message"]
+            assert "redirected (307) to http://elsewhere.test/mcp?…" in text and "token" not in text
+            await up.close()
+            assert len(seen) == 2  # the new location was never asked
+
+    run(main)
