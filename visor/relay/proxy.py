@@ -17,6 +17,7 @@ tasks), timers, and Visor's own requests to the client (elicitation).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import os
@@ -120,6 +121,19 @@ class _Writer:
             self._batch = []
             if not self._transport.is_closing():
                 self._transport.writelines(batch)
+
+
+@dataclass(slots=True)
+class _Pipes:
+    """The four ends of the wire once connected, and the batching writers on the two that Visor writes."""
+
+    server_in: asyncio.WriteTransport
+    server_out: asyncio.ReadTransport
+    client_out: asyncio.WriteTransport
+    # None when the client's stdout is a file (written directly, no flow control).
+    client_out_proto: _WriteProtocol | None
+    to_server: _Writer
+    to_client: _Writer
 
 
 class _ReadProtocol(asyncio.Protocol):
@@ -302,16 +316,18 @@ class Relay:
         self.closed = False
         self._pause_reasons: set[str] = set()
         # Events that arrive while actions are being performed wait their turn.
-        self._queued: list[Event] = []
+        self._queued: collections.deque[Event] = collections.deque()
         self._performing = False
         # The asynchronous steps in progress, by the core's tokens.
         self._asks: dict[ToolCallState, asyncio.Task[None]] = {}
         self._withdrawn: set[asyncio.Task[None]] = set()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self.replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        # Set by run(): the loop, the server process, its stdout's end, the connected pipes.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server_writer: _Writer | None = None
-        self._client_writer: _Writer | None = None
+        self._upstream: upstream_mod.Upstream | None = None
+        self._server_eof: asyncio.Future[None] | None = None
+        self._pipes: _Pipes | None = None
         self._client_in: asyncio.ReadTransport | None = None
         # The session's first records are written before anything can fail.
         self._perform(self.core.start())
@@ -326,7 +342,7 @@ class Relay:
         try:
             self._perform(self.core.handle(event))
             while self._queued:
-                self._perform(self.core.handle(self._queued.pop(0)))
+                self._perform(self.core.handle(self._queued.popleft()))
         finally:
             self._performing = False
         if "backlog" in self._pause_reasons and not self.core.server_backlog:
@@ -336,11 +352,11 @@ class Relay:
         for action in actions:
             kind = type(action)
             if kind is SendToServer:
-                assert isinstance(action, SendToServer) and self._server_writer is not None
-                self._server_writer.write(action.line)
+                assert isinstance(action, SendToServer)
+                self._wire.to_server.write(action.line)
             elif kind is SendToClient:
-                assert isinstance(action, SendToClient) and self._client_writer is not None
-                self._client_writer.write(action.line)
+                assert isinstance(action, SendToClient)
+                self._wire.to_client.write(action.line)
             elif kind is AppendRecord:
                 assert isinstance(action, AppendRecord)
                 self._append(action.event)
@@ -384,14 +400,18 @@ class Relay:
                 if self._approvals_saver is not None:
                     self._approvals_saver(action.data)
             elif kind is CloseServerInput:
-                assert self._server_writer is not None
-                self._server_writer.flush()
-                self._server_in.close()
+                self._wire.to_server.flush()
+                self._wire.server_in.close()
             elif kind is StopServer:
                 assert self._loop is not None
                 self._loop.create_task(self._escalate_if_stuck())
             else:
                 raise TypeError(f"not a session action: {action!r}")
+
+    @property
+    def _wire(self) -> _Pipes:
+        assert self._pipes is not None, "the relay is not connected yet"
+        return self._pipes
 
     def _append(self, event: dict[str, Any]) -> None:
         if self.audit is None:
@@ -481,8 +501,8 @@ class Relay:
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._server_eof: asyncio.Future[None] = loop.create_future()
-        self._upstream = await upstream_mod.spawn(self.argv)
+        self._server_eof = loop.create_future()
+        upstream = self._upstream = await upstream_mod.spawn(self.argv)
         try:
             await self._connect(loop, client_in_fd, client_out_fd)
             if self.approvals is not None:
@@ -495,12 +515,13 @@ class Relay:
                 loop.remove_signal_handler(sig)
             # Every exit path, an exception included: nothing of the server's
             # process group survives, and the server itself is reaped (no zombie).
-            upstream_mod.kill_group(self._upstream.pid)
-            await upstream_mod.reap(self._upstream)
+            upstream_mod.kill_group(upstream.pid)
+            await upstream_mod.reap(upstream)
         return upstream_mod.exit_status(returncode)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, client_in_fd: int, client_out_fd: int) -> None:
         up = self._upstream
+        assert up is not None
         for fd in (up.stdin_fd, up.stdout_fd, client_in_fd, client_out_fd):
             _grow_pipe(fd)
         server_in_proto = _WriteProtocol(
@@ -509,30 +530,29 @@ class Relay:
             self._on_server_stdin_lost,
         )
         server_in, _ = await loop.connect_write_pipe(lambda: server_in_proto, os.fdopen(up.stdin_fd, "wb", 0))
-        self._server_in = server_in
         server_out, _ = await loop.connect_read_pipe(
             lambda: _ReadProtocol(self._on_server_data, self._on_server_eof), os.fdopen(up.stdout_fd, "rb", 0)
         )
-        self._server_out = server_out
-
         client_out: asyncio.WriteTransport
+        client_out_proto: _WriteProtocol | None = None
         if not _pollable(client_out_fd):
             log.info("client_stdout_not_a_pipe", kind=_fd_kind(client_out_fd))
             client_out = _FileWriteTransport(client_out_fd, self._on_client_gone)
-            self._client_out_proto: _WriteProtocol | None = None
         else:
-            client_out_proto = _WriteProtocol(
+            proto = client_out_proto = _WriteProtocol(
                 lambda: self._pause_server("client_stdout"),
                 lambda: self._resume_server("client_stdout"),
                 self._on_client_gone,
             )
-            self._client_out_proto = client_out_proto
-            client_out, _ = await loop.connect_write_pipe(
-                lambda: client_out_proto, os.fdopen(client_out_fd, "wb", 0)
-            )
-        self._client_out = client_out
-        self._server_writer = _Writer(loop, server_in)
-        self._client_writer = _Writer(loop, client_out)
+            client_out, _ = await loop.connect_write_pipe(lambda: proto, os.fdopen(client_out_fd, "wb", 0))
+        self._pipes = _Pipes(
+            server_in,
+            server_out,
+            client_out,
+            client_out_proto,
+            _Writer(loop, server_in),
+            _Writer(loop, client_out),
+        )
 
         if not _pollable(client_in_fd):
             log.info("client_stdin_not_a_pipe", kind=_fd_kind(client_in_fd))
@@ -560,6 +580,7 @@ class Relay:
         self._on_client_eof()
 
     async def _lifecycle(self) -> int:
+        assert self._server_eof is not None and self._upstream is not None
         await self._server_eof
         up = self._upstream
         returncode = await upstream_mod.stop(up, self.config.shutdown_grace, self.config.term_grace)
@@ -569,12 +590,12 @@ class Relay:
         return returncode
 
     async def _close_client_out(self) -> None:
-        assert self._client_writer is not None
-        self._client_writer.flush()
-        self._client_out.close()
-        if self._client_out_proto is not None:
+        wire = self._wire
+        wire.to_client.flush()
+        wire.client_out.close()
+        if wire.client_out_proto is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._client_out_proto.closed), 5.0)
+                await asyncio.wait_for(asyncio.shield(wire.client_out_proto.closed), 5.0)
 
     # ----------------------------------------------------------- flow control
     def _pause_client(self, reason: str) -> None:
@@ -588,22 +609,22 @@ class Relay:
             self._client_in.resume_reading()
 
     def _pause_server(self, reason: str) -> None:
-        self._server_out.pause_reading()
+        self._wire.server_out.pause_reading()
         # Visor answers some client messages itself (rejections, denials): a
         # client that does not read them must not make them pile up here.
         self._pause_client(reason)
 
     def _resume_server(self, reason: str) -> None:
         if not self.core.server_closed:
-            self._server_out.resume_reading()
+            self._wire.server_out.resume_reading()
         self._resume_client(reason)
 
     # ---------------------------------------------------------------- events
     def _on_client_data(self, data: bytes) -> None:
         self.feed(ClientData(data))
-        assert self._server_writer is not None and self._client_writer is not None
-        self._server_writer.flush()
-        self._client_writer.flush()
+        wire = self._wire
+        wire.to_server.flush()
+        wire.to_client.flush()
         if self.core.server_backlog > self.config.max_backlog:
             self._pause_client("backlog")
 
@@ -625,12 +646,14 @@ class Relay:
 
     async def _escalate_if_stuck(self) -> None:
         # The server may keep stdout open after its stdin closed; stop it in order.
+        server_eof = self._server_eof
+        assert self._upstream is not None and server_eof is not None
         await upstream_mod.stop(self._upstream, self.config.shutdown_grace, self.config.term_grace)
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._server_eof), 1.0)
-        if not self._server_eof.done():
-            self._server_out.close()
-            self._server_eof.set_result(None)
+            await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
+        if not server_eof.done():
+            self._wire.server_out.close()
+            server_eof.set_result(None)
 
     def _on_server_stdin_lost(self) -> None:
         if not self.core.stopping:
@@ -639,10 +662,9 @@ class Relay:
 
     def _on_server_data(self, data: bytes) -> None:
         self.feed(ServerData(data))
-        assert self._client_writer is not None
-        self._client_writer.flush()
+        self._wire.to_client.flush()
 
     def _on_server_eof(self) -> None:
         self.feed(ServerEof())
-        if not self._server_eof.done():
+        if self._server_eof is not None and not self._server_eof.done():
             self._server_eof.set_result(None)
