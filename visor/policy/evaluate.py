@@ -421,16 +421,20 @@ def check_provenance(c: _Ctx) -> Decision | None:
     # A name is read as the kind its argument names (a bare name in a
     # recipient argument is a user, not a channel); what output asserted is
     # looked up as read there, where no argument says the kind.
-    read = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
-    parsed = [(arg, dst.read_as(d, dst.named_kind(arg))) for arg, d in read]
+    parsed = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
+    read = parsed
+    for _a, d in read:
+        if d.kind == "channel":  # only names change kind
+            parsed = [(arg, dst.read_as(d, dst.named_kind(arg))) for arg, d in read]
+            break
     # Placed without a human: an exact trusted destination, one a human
     # approved for this tool and argument earlier in the session (or in an
     # earlier one, with "remember"), or one the service itself asserted in a
     # trusted field of its output (a calendar participant, a file's
     # shared_with): a known correspondent, even if free text repeats it.
     placed = [
-        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(as_read)
-        for (arg, d), (_a, as_read) in zip(parsed, read, strict=True)
+        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(read[i][1])
+        for i, (arg, d) in enumerate(parsed)
     ]
     ask_seen: Decision | None = None
     # every deny first ...
