@@ -66,6 +66,21 @@ async def confirm(question: str, ctx: Context) -> str:
 
 
 @app.tool()
+async def sleep_for(seconds: float, ctx: Context) -> str:
+    """Reports that it started, then sleeps; when cancelled, says so in the file $SLEEP_CANCELLED_FILE names."""
+    await ctx.report_progress(0, 1, "started")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        marker = os.environ.get("SLEEP_CANCELLED_FILE")
+        if marker:
+            with open(marker, "w") as f:
+                f.write("cancelled")
+        raise
+    return f"slept {seconds}"
+
+
+@app.tool()
 def fail(reason: str) -> str:
     """Always raises."""
     raise ValueError(reason)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import aiohttp
 import pytest
 from http_helpers import Driver, run, sdk_server
@@ -173,5 +176,60 @@ def test_a_2026_07_28_request_carries_its_revision_and_method_headers() -> None:
             assert result["result"]["content"][0]["text"] == "7", result
             assert up.session_id is None
             await up.close()
+
+        run(main)
+
+
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "visor-http-test", "version": "0"},
+}
+
+
+@pytest.mark.parametrize("modern", [False, True], ids=["2025-11-25", "2026-07-28"])
+def test_a_cancelled_call_stops_on_the_server_and_gets_no_made_up_answer(
+    modern: bool, tmp_path: Path
+) -> None:
+    marker = tmp_path / "cancelled"
+    with sdk_server(env={"SLEEP_CANCELLED_FILE": str(marker)}) as url:
+
+        async def main() -> None:
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            meta = {"_meta": MODERN_META} if modern else {}
+            if not modern:
+                await d.initialize()
+            await d.send(
+                {"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
+                 "params": {"name": "sleep_for", "arguments": {"seconds": 30},
+                            "_meta": {**meta.get("_meta", {}), "progressToken": "p"}}}
+            )  # fmt: skip
+            started = await d.recv()  # the tool is running on the server
+            assert started is not None and started["method"] == "notifications/progress"
+            await d.send(
+                {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                 "params": {"requestId": "slow", "reason": "changed my mind", **meta}}
+            )  # fmt: skip
+            # Nothing Visor made up for the cancelled call; a server's own answer to it passes
+            # (the SDK answers -32800 on 2025-11-25; on 2026-07-28 the closed stream is the end).
+            result, before = await d.call(
+                "tools/call", {"name": "add", "arguments": {"a": 1, "b": 2}, **meta}
+            )
+            assert result["result"]["content"][0]["text"] == "3"
+            server_said = {
+                "jsonrpc": "2.0",
+                "id": "slow",
+                "error": {"code": -32800, "message": "Request cancelled"},
+            }
+            assert before == [] if modern else before in ([], [server_said])
+            # The server's tool saw the cancellation: on 2026-07-28 only because the stream closed.
+            for _ in range(400):
+                if marker.exists():
+                    break
+                await asyncio.sleep(0.05)
+            assert marker.read_text() == "cancelled"
+            await up.close()
+            assert await d.recv() is None
 
         run(main)

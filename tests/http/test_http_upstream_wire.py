@@ -467,3 +467,37 @@ def test_a_redirect_is_not_followed_and_a_bad_session_id_is_refused() -> None:
             assert len(seen) == 2  # the new location was never asked
 
     run(main)
+
+
+def test_a_stream_ended_after_the_client_cancelled_gets_no_made_up_answer() -> None:
+    import asyncio
+
+    cancelled = asyncio.Event()
+
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        assert body is not None
+        if body["method"] == "notifications/cancelled":
+            cancelled.set()
+            return web.Response(status=202)
+        if body["method"] == "slow":  # the stream ends, unanswered, once the client cancelled
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await cancelled.wait()
+            await resp.write_eof()
+            return resp
+        return web.Response(body=answer(body, {"n": 1}), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.send({"jsonrpc": "2.0", "id": 1, "method": "slow", "params": {}})
+            await d.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+            await cancelled.wait()
+            d.next_id = 2
+            response, before = await d.call("next", {})
+            assert response["result"] == {"n": 1} and before == []
+            await up.close()
+            assert await d.recv() is None
+
+    run(main)

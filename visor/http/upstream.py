@@ -47,7 +47,7 @@ from visor.http.target import UrlError, check_url, display_url
 from visor.logs import get_logger
 from visor.wire import errors
 from visor.wire.framer import DEFAULT_MAX_MESSAGE_BYTES
-from visor.wire.message import JsonId, Kind, Message, Rejected, classify
+from visor.wire.message import JsonId, Kind, Message, Rejected, classify, is_valid_id
 
 log = get_logger("visor.http")
 
@@ -114,6 +114,8 @@ class HttpUpstream:
         self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue(config.max_queued)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
+        self._modern: set[JsonId] = set()  # in flight on the 2026-07-28 revision
+        self._cancelled: set[JsonId] = set()  # in flight, and cancelled by the client
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
         self._ended = False
@@ -151,8 +153,26 @@ class HttpUpstream:
                 self._initialized.clear()
             task = self._spawn(self._request(msg))
             self._in_flight[msg.id] = task
+            if _message_revision(msg) is not None:
+                self._modern.add(msg.id)
         else:
+            if msg.method == "notifications/cancelled":
+                self._cancel(msg)
             self._spawn(self._post_one_way(msg))
+
+    def _cancel(self, msg: Message) -> None:
+        params = msg.obj.get("params")
+        target = params.get("requestId") if type(params) is dict else None
+        if not is_valid_id(target):
+            return
+        task = self._in_flight.get(target)
+        if task is None:
+            return
+        self._cancelled.add(target)
+        if target in self._modern:
+            # 2026-07-28: closing the request's response stream is the cancellation (the
+            # notification is still posted; such a server acknowledges and drops it).
+            task.cancel()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._messages()
@@ -247,9 +267,13 @@ class HttpUpstream:
             raise
         finally:
             self._in_flight.pop(msg.id, None)
+            self._modern.discard(msg.id)
+            # A request the client cancelled expects no answer: none is made up for it.
+            cancelled = msg.id in self._cancelled
+            self._cancelled.discard(msg.id)
             if msg.method == "initialize":
                 self._initialized.set()
-        if not answered and not self._closed:
+        if not answered and not self._closed and not cancelled:
             await self._answer(msg.id, reason)
 
     async def _post_request(self, msg: Message) -> tuple[bool, str]:
