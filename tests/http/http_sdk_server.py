@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import mcp.types as types
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 app = MCPServer("visor-http-test-server")
 
@@ -78,6 +78,15 @@ async def sleep_for(seconds: float, ctx: Context) -> str:
                 f.write("cancelled")
         raise
     return f"slept {seconds}"
+
+
+@app.tool()
+def locate(
+    region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+    limit: Annotated[int, Field(json_schema_extra={"x-mcp-header": "Limit"})] = 1,
+) -> str:
+    """Arguments the 2026-07-28 transport mirrors into Mcp-Param-* headers."""
+    return f"{region}:{limit}"
 
 
 @app.tool()

@@ -233,3 +233,22 @@ def test_a_cancelled_call_stops_on_the_server_and_gets_no_made_up_answer(
             assert await d.recv() is None
 
         run(main)
+
+
+def test_2026_07_28_arguments_marked_x_mcp_header_are_mirrored_into_mcp_param_headers() -> None:
+    with sdk_server() as url:
+
+        async def main() -> None:
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            call = {"name": "locate", "arguments": {"region": "eu-wëst", "limit": 3}, "_meta": MODERN_META}
+            # Before any listing Visor knows no marks: the SDK server refuses the call.
+            early, _ = await d.call("tools/call", call)
+            assert "error" in early or early["result"].get("isError"), early
+            listing, _ = await d.call("tools/list", {"_meta": MODERN_META})
+            assert any(t["name"] == "locate" for t in listing["result"]["tools"])
+            result, _ = await d.call("tools/call", call)
+            assert result["result"]["content"][0]["text"] == "eu-wëst:3", result
+            await up.close()
+
+        run(main)

@@ -501,3 +501,35 @@ def test_a_stream_ended_after_the_client_cancelled_gets_no_made_up_answer() -> N
             assert await d.recv() is None
 
     run(main)
+
+
+def test_x_mcp_header_marks_and_their_headers() -> None:
+    from visor.http.params import header_map, param_headers
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "opts": {"type": "object", "properties": {"dry": {"type": "boolean", "x-mcp-header": "Dry"}}},
+            "n": {"type": "integer", "x-mcp-header": "N", "default": {"x-mcp-header": "data, not a mark"}},
+        },
+    }
+    marks = header_map(schema)
+    assert marks == {("region",): "Region", ("opts", "dry"): "Dry", ("n",): "N"}
+    assert isinstance(marks, dict)
+    assert param_headers(marks, {"region": " padded", "opts": {"dry": False}, "n": None}) == {
+        "Mcp-Param-Region": "=?base64?IHBhZGRlZA==?=",
+        "Mcp-Param-Dry": "false",
+    }
+    invalid = {
+        "outside a chain": {"items": {"x-mcp-header": "X", "type": "string"}},
+        "not a header name token": {"properties": {"a": {"type": "string", "x-mcp-header": "A B"}}},
+        "only allowed on string": {"properties": {"a": {"type": "number", "x-mcp-header": "A"}}},
+        "repeats": {"properties": {"a": {"type": "string", "x-mcp-header": "A"},
+                                   "b": {"type": "string", "x-mcp-header": "a"}}},
+    }  # fmt: skip
+    for reason, bad in invalid.items():
+        got = header_map(bad)
+        assert isinstance(got, str) and reason in got, (reason, got)
+    with pytest.raises(HeaderError, match="sets this header itself"):
+        parse_headers(["Mcp-Param-Region: x"], {})

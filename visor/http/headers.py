@@ -51,7 +51,7 @@ def parse_headers(options: Sequence[str], environ: Mapping[str, str]) -> tuple[E
             shown = name if _TOKEN.fullmatch(name) else "the header"
             raise HeaderError(f"--header needs 'Name: value' with a valid header name ({shown!s} given)")
         key = name.lower()
-        if key in RESERVED:
+        if key in RESERVED or key.startswith("mcp-param-"):
             raise HeaderError(f"--header {name}: Visor sets this header itself from the protocol")
         if key in seen:
             raise HeaderError(f"--header {name} given twice")

@@ -42,6 +42,7 @@ import aiohttp
 
 from visor.http.bodies import classify_body
 from visor.http.headers import ExtraHeader, encode_header_value
+from visor.http.params import HeaderMap, header_map, param_headers
 from visor.http.sse import DEFAULT_MAX_EVENT_BYTES, Event, EventReader, EventTooLarge
 from visor.http.target import UrlError, check_url, display_url
 from visor.logs import get_logger
@@ -116,6 +117,8 @@ class HttpUpstream:
         self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
         self._modern: set[JsonId] = set()  # in flight on the 2026-07-28 revision
         self._cancelled: set[JsonId] = set()  # in flight, and cancelled by the client
+        # Tool name -> its arguments mirrored into Mcp-Param-* headers (2026-07-28).
+        self._tool_marks: dict[str, HeaderMap] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closed = False
         self._ended = False
@@ -239,6 +242,12 @@ class HttpUpstream:
             params = msg.obj.get("params")
             if key is not None and type(params) is dict and type(params.get(key)) is str:
                 headers["Mcp-Name"] = encode_header_value(params[key])
+            if msg.method == "tools/call" and type(params) is dict:
+                tool = params.get("name")
+                marks = self._tool_marks.get(tool) if type(tool) is str else None
+                arguments = params.get("arguments")
+                if marks and type(arguments) is dict:
+                    headers.update(param_headers(marks, arguments))
         elif self.session_id is not None:
             headers["Mcp-Session-Id"] = self.session_id
         if version is not None:
@@ -519,17 +528,33 @@ class HttpUpstream:
     # ------------------------------------------------------------------ the rest
 
     def _observe(self, origin: Message, result: Message) -> None:
-        """The negotiated revision, from the initialize result, for the header on later requests."""
-        if (
-            origin.method != "initialize"
-            or result.kind is not Kind.RESPONSE
-            or not _same_id(result.id, origin.id)
-        ):
+        """What later requests' headers need: the negotiated revision (initialize) and the
+        tools' ``x-mcp-header`` marks (tools/list)."""
+        if result.kind is not Kind.RESPONSE or not _same_id(result.id, origin.id):
             return
         res = result.obj.get("result")
-        version = res.get("protocolVersion") if type(res) is dict else None
-        if type(version) is str and version.isascii() and version.isprintable():
-            self.protocol_version = version
+        if type(res) is not dict:
+            return
+        if origin.method == "initialize":
+            version = res.get("protocolVersion")
+            if type(version) is str and version.isascii() and version.isprintable():
+                self.protocol_version = version
+        elif origin.method == "tools/list" and type(res.get("tools")) is list:
+            for tool in res["tools"]:
+                name = tool.get("name") if type(tool) is dict else None
+                if type(name) is not str:
+                    continue
+                assert type(tool) is dict
+                marks = header_map(tool.get("inputSchema"))
+                if isinstance(marks, str):
+                    log.warning(
+                        "upstream_tool_header_marks_invalid", url=self.shown_url, tool=name, reason=marks
+                    )
+                    self._tool_marks.pop(name, None)
+                elif marks:
+                    self._tool_marks[name] = marks
+                else:
+                    self._tool_marks.pop(name, None)
 
     async def _delete_session(self) -> None:
         assert self._http is not None
