@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from visor import redact
 from visor.policy import fields, paths
 from visor.policy.evaluate import compile_policy
 from visor.policy.reader import TAG, Reader, compose, kind_of
@@ -599,8 +600,6 @@ def _time_restriction(r: Reader, node: Node, key: str) -> TimeRestriction:
 def _redaction_patterns(
     r: Reader, node: Node, key: str, prefix: str, disabled: frozenset[str]
 ) -> tuple[RedactionPattern, ...]:
-    from visor.redact import BUILTIN_NAMES, DEFAULT_REPLACEMENT
-
     out: list[RedactionPattern] = []
     seen: set[str] = set()
     for i, n in enumerate(r.list_(node, key)):
@@ -608,7 +607,7 @@ def _redaction_patterns(
         m = r.mapping(n, pk, {"name", "regex", "replacement"}, ("regex",), kind="redaction pattern")
         # mcp-visor patterns have no names; the audit log needs one to say which matched.
         name = r.str_(m["name"], f"{pk}.name") if "name" in m else f"{prefix}-{i + 1}"
-        if name in BUILTIN_NAMES and name not in disabled:
+        if name in redact.BUILTIN_NAMES and name not in disabled:
             r.fail(
                 m.get("name", n),
                 f"{pk}.name",
@@ -624,15 +623,13 @@ def _redaction_patterns(
                 regex=r.regex(m["regex"], f"{pk}.regex"),
                 replacement=r.str_(m["replacement"], f"{pk}.replacement", nonempty=False)
                 if "replacement" in m
-                else DEFAULT_REPLACEMENT,
+                else redact.DEFAULT_REPLACEMENT,
             )
         )
     return tuple(out)
 
 
 def _redaction(r: Reader, node: Node) -> Redaction:
-    from visor.redact import BUILTIN_NAMES
-
     m = r.mapping(
         node,
         "redaction",
@@ -641,11 +638,11 @@ def _redaction(r: Reader, node: Node) -> Redaction:
     )
     disable = r.strs(m["disable"], "redaction.disable") if "disable" in m else ()
     for i, d in enumerate(disable):
-        if d not in BUILTIN_NAMES:
+        if d not in redact.BUILTIN_NAMES:
             r.fail(
                 m["disable"].value[i],
                 f"redaction.disable[{i}]",
-                f"no built-in pattern is named {d!r}; built-in: {', '.join(sorted(BUILTIN_NAMES))}",
+                f"no built-in pattern is named {d!r}; built-in: {', '.join(sorted(redact.BUILTIN_NAMES))}",
             )
     off = frozenset(disable)
     return _with_engine(
@@ -732,9 +729,6 @@ def _default_sensitive_files() -> tuple[Glob, ...]:
 
 def _with_engine(red: Redaction) -> Redaction:
     """Compile the redaction patterns for both directions once, at load."""
-    from dataclasses import replace
-
-    from visor import redact
 
     def pats(items: tuple[RedactionPattern, ...]) -> tuple[redact.Pattern, ...]:
         return tuple(redact.Pattern(p.name, p.regex, p.replacement) for p in items)

@@ -12,11 +12,12 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from visor.policy.evaluate import Compiled
     from visor.policy.fields import FieldPath
+    from visor.redact import Redactor
 
 Action = Literal["allow", "deny", "ask"]
 
@@ -304,8 +305,8 @@ class Redaction:
     output_patterns: tuple[RedactionPattern, ...] = ()
     builtin: bool = True  # visor.redact.BUILTIN, minus `disable`
     disable: tuple[str, ...] = ()
-    # visor.redact.Redactor, built by the loader (None: the built-in default).
-    engine: Any = None
+    # built by the loader (None: the built-in default)
+    engine: Redactor | None = None
 
 
 @dataclass(frozen=True, slots=True)
