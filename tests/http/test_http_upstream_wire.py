@@ -533,3 +533,42 @@ def test_x_mcp_header_marks_and_their_headers() -> None:
         assert isinstance(got, str) and reason in got, (reason, got)
     with pytest.raises(HeaderError, match="sets this header itself"):
         parse_headers(["Mcp-Param-Region: x"], {})
+
+
+def test_a_close_without_grace_ends_a_graceful_close_and_deletes_once() -> None:
+    import asyncio
+
+    release = asyncio.Event()
+
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "s"},
+            )
+        if "id" not in body:
+            return web.Response(status=202)
+        await release.wait()  # a request the server never answers while the test runs
+        return web.Response(status=500)
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+            assert await d.recv() is not None
+            await d.send({"jsonrpc": "2.0", "id": 2, "method": "stuck", "params": {}})
+            while not any(r.method == "POST" and r.headers.get("Mcp-Session-Id") for r in seen):
+                await asyncio.sleep(0.01)
+            graceful = asyncio.ensure_future(up.close(grace=1000))
+            await asyncio.sleep(0)
+            await up.close()  # returns without waiting out the grace (run() gives up after 60 s)
+            await graceful
+            assert [r.method for r in seen].count("DELETE") == 1
+            release.set()
+
+    run(main)

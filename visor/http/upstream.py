@@ -123,6 +123,8 @@ class HttpUpstream:
         self._closed = False
         self._ended = False
         self._end_task: asyncio.Future[None] | None = None
+        self._closing: asyncio.Future[None] | None = None
+        self._hurry = asyncio.Event()
         # Cleared while an initialize is in flight.
         self._initialized = asyncio.Event()
         self._initialized.set()
@@ -191,12 +193,22 @@ class HttpUpstream:
         """End the session: stop the streams, DELETE the session, close the connections.
 
         With `grace`, requests already sent get up to that many seconds to be answered first,
-        as a stdio server whose input closed may still answer what it read.
+        as a stdio server whose input closed may still answer what it read. A close without
+        grace while another waits ends that wait at once; the session is ended only once.
         """
-        if self._closed:
-            return
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(grace))
+        elif grace <= 0:
+            self._hurry.set()
+        await asyncio.shield(self._closing)
+
+    async def _close(self, grace: float) -> None:
         if grace > 0 and self._in_flight and not self._ended:
-            await asyncio.wait(list(self._in_flight.values()), timeout=grace)
+            answered = asyncio.ensure_future(asyncio.wait(list(self._in_flight.values())))
+            hurried = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait((answered, hurried), timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+            answered.cancel()  # stops the waiting only: the requests are cancelled below
+            hurried.cancel()
         self._closed = True
         if self._listener is not None:
             self._listener.cancel()
