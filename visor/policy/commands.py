@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from visor.pinfile import read_pins, write_pins
 from visor.policy.lint import findings_json, lint_file
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from visor.cli import add_command
 
     add_lint(subparsers, "lint", "visor lint")
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_attest(subparsers, "attest", "visor attest")
 
 
-def add_lint(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:  # type: ignore[type-arg]
+def add_lint(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, prog: str) -> None:
     """The lint command (`visor lint`, and `visor policy lint` in the policy group)."""
     from visor.cli import add_command
 
@@ -58,7 +59,7 @@ def add_lint(subparsers: argparse._SubParsersAction, name: str, prog: str) -> No
     lint.set_defaults(func=run_lint, lint_prog=prog)
 
 
-def add_attest(subparsers: argparse._SubParsersAction, name: str, prog: str) -> None:
+def add_attest(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, prog: str) -> None:
     """The attest command (`visor attest`); another group can add it under its own name."""
     from visor.cli import add_command
 
@@ -152,7 +153,7 @@ def run_pins(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"visor pins: {args.pin_file}: {e}", file=sys.stderr)
         return 1
-    tools: dict = data["tools"]
+    tools: dict[str, Any] = data["tools"]
     if args.reset is None:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0

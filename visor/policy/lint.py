@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from visor.policy.effective import select_packs
 from visor.policy.loader import PolicyError, load_policy
@@ -295,7 +296,7 @@ def lint_file(path: str) -> tuple[Policy | None, list[Finding]]:
     return policy, lint_policy(policy)
 
 
-def findings_json(source: str, findings: list[Finding]) -> dict:
+def findings_json(source: str, findings: list[Finding]) -> dict[str, Any]:
     return {
         "file": source,
         "errors": [asdict(f) for f in findings if f.level == "error"],
