@@ -36,6 +36,8 @@ servers:
         allowed: true
       - name: "break_then_finish"
         allowed: true
+      - name: "locate"
+        allowed: true
 """
 
 
@@ -161,6 +163,29 @@ def test_client_eof_lets_a_call_in_flight_finish_then_deletes_the_session(tmp_pa
         r["event"] for r in records(audit) if r.get("tool") == "break_then_finish" and r["event"] != "pin"
     ]
     assert done == ["allow", "result"]
+
+
+def test_2026_07_28_call_before_any_listing_carries_its_mcp_param_headers(tmp_path: Path) -> None:
+    # Visor lists the tools itself before judging the call; that listing teaches the upstream
+    # which arguments to mirror, and the SDK server refuses the call without them.
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"},
+    }
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "locate", "arguments": {"region": "eu", "limit": 2}, "_meta": meta}}  # fmt: skip
+    with sdk_server() as url:
+        params, _ = visor(tmp_path, "param", "--url", url)
+        p = subprocess.run(
+            [params.command, *params.args],
+            input=json.dumps(call) + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["result"]["content"][0]["text"] == "eu:2"
 
 
 def test_bad_url_and_missing_variable_are_refused_before_anything_starts(tmp_path: Path) -> None:
