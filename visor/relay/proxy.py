@@ -322,6 +322,8 @@ class Relay:
         self._asks: dict[ToolCallState, asyncio.Task[None]] = {}
         self._withdrawn: set[asyncio.Task[None]] = set()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        # Calls whose allow record was made durable (the writer counts hand-offs, not calls).
+        self._committed = 0
         self.replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         # Set by run(): the loop, the server process, its stdout's end, the connected pipes.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -349,6 +351,12 @@ class Relay:
             self._resume_client("backlog")
 
     def _perform(self, actions: list[Action]) -> None:
+        # The allow records of one batch (one read from the client) go to the
+        # writer as one hand-off: all but the last appended, the last submitted.
+        # The writer writes in order and an fsync covers everything written
+        # before it, so the last one durable means every one is.
+        commits_left = sum(1 for a in actions if type(a) is CommitRecord)
+        group: list[tuple[ToolCallState, int]] = []
         for action in actions:
             kind = type(action)
             if kind is SendToServer:
@@ -362,7 +370,8 @@ class Relay:
                 self._append(action.event)
             elif kind is CommitRecord:
                 assert isinstance(action, CommitRecord)
-                self._commit(action)
+                commits_left -= 1
+                self._commit(action, group, last=commits_left == 0)
             elif kind is Announce:
                 assert isinstance(action, Announce)
                 from visor.watch import announce
@@ -422,22 +431,40 @@ class Relay:
             # Later allows fail on their own commit; a lost non-allow record is logged.
             gate_log.error("audit_append_failed", error=str(exc), audit_event=event.get("event"))
 
-    def _commit(self, action: CommitRecord) -> None:
+    def _commit(self, action: CommitRecord, group: list[tuple[ToolCallState, int]], *, last: bool) -> None:
+        """Hand one allow record to the writer; `group`: the batch's records appended before it."""
         call = action.call
         if self.audit is None:
             self.feed(CommitFailed(call, "no audit log"))
             return
+        if not last:
+            try:
+                record = self.audit.append(action.event)
+            except Exception as exc:  # unhealthy, closed, or a record that cannot be built: fail closed
+                self.feed(CommitFailed(call, str(exc)))
+                return
+            group.append((call, record["seq"]))
+            return
+        members, group[:] = group[:], []
         try:
             fut = self.audit.submit(action.event)
-        except AuditUnhealthy as exc:
+        except Exception as exc:
+            for member, _ in members:
+                self.feed(CommitFailed(member, str(exc)))
             self.feed(CommitFailed(call, str(exc)))
             return
 
         def durable(f: asyncio.Future[dict[str, Any]]) -> None:
             exc = f.exception()
-            self.feed(
-                CommitFailed(call, str(exc)) if exc is not None else CommitDone(call, f.result()["seq"])
-            )
+            if exc is not None:
+                for member, _ in members:
+                    self.feed(CommitFailed(member, str(exc)))
+                self.feed(CommitFailed(call, str(exc)))
+                return
+            self._committed += len(members) + 1
+            for member, seq in members:
+                self.feed(CommitDone(member, seq))
+            self.feed(CommitDone(call, f.result()["seq"]))
 
         fut.add_done_callback(durable)
 
@@ -490,7 +517,7 @@ class Relay:
         stats = audit.stats
         gate_log.info(
             "audit_stats",
-            commits=stats.commits,
+            commits=self._committed,
             fsyncs=stats.fsync_count,
             records=stats.records_written,
             largest_group=stats.largest_group,
