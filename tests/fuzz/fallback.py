@@ -51,6 +51,10 @@ def main() -> int:
         from tests.fuzz.fuzz_paths import check as check_paths
 
         check = check_paths
+    if target == "sse":
+        from tests.fuzz.fuzz_sse import check as check_sse
+
+        check = check_sse
     pool = [p.read_bytes() for p in sorted((CORPUS / target).iterdir())]
     deadline = time.monotonic() + seconds
     execs = 0

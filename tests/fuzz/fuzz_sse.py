@@ -5,7 +5,7 @@ included); the reader holds at most the cap of one line; no dispatched event is 
 cap; `classify_body` never raises, and a message it accepts is newline-free and parses to
 the same value as the bytes received.
 
-Run by hand (or through `python -m tests.fuzz.run` once registered as "sse"):
+Run through `make fuzz` (target "sse"), or by hand:
     python -m tests.fuzz.fuzz_sse WORK_CORPUS tests/fuzz/corpus/sse -max_total_time=60
 """
 

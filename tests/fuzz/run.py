@@ -37,6 +37,7 @@ TARGETS = {
     "shell": ("tests.fuzz.fuzz_shell", 2048),
     "urls": ("tests.fuzz.fuzz_urls", 2048),
     "addresses": ("tests.fuzz.fuzz_addresses", 512),
+    "sse": ("tests.fuzz.fuzz_sse", 16384),
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+).*?exec/s: (\d+)", re.M)
