@@ -160,3 +160,20 @@ def test_client_eof_stops_the_server_once_everything_accepted_is_sent() -> None:
 def test_client_eof_with_nothing_held_closes_the_servers_input_at_once() -> None:
     wire = plain_wire()
     assert [type(a) for a in wire.feed(ClientEof())] == [StopServer, CloseServerInput]
+
+
+def test_server_eof_closes_its_input_once_idle_and_stops_nothing_else() -> None:
+    from visor.core.events import ServerEof
+
+    wire = policy_wire()
+    held = wire.client(call(1, "echo"))
+    assert [type(a) for a in wire.feed(ServerEof())] == []  # the held call still has its place
+    assert [type(a) for a in wire.commit_all(held)] == [SendToServer, CloseServerInput]
+
+
+def test_a_client_that_stops_reading_ends_the_session_and_its_later_bytes_are_ignored() -> None:
+    from visor.core.events import ClientGone
+
+    wire = plain_wire()
+    assert [type(a) for a in wire.feed(ClientGone())] == [StopServer, CloseServerInput]
+    assert wire.client(request(1, "ping")) == []

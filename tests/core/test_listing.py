@@ -119,3 +119,16 @@ def test_the_clients_own_listing_meanwhile_is_relayed_as_usual() -> None:
     assert [m["id"] for m in to_server(wire.commit_all(answered))] == [1, "mine"]
     back = wire.server(result("mine", {"tools": TOOLS}))
     assert [m["id"] for m in to_client(back)] == ["mine"]
+
+
+def test_the_session_ending_during_the_listing_denies_the_waiting_call() -> None:
+    from visor.core.events import Closing
+
+    wire = policy_wire(listed=False)
+    wire.client(call(1, "echo"))
+    out = wire.feed(Closing())
+    assert [(r["event"], r.get("rule")) for r in records(out)] == [
+        ("deny", "pin.no_tools_list"),
+        ("session_end", None),
+    ]
+    assert "the session ended" in records(out)[0]["reason"]

@@ -321,6 +321,7 @@ class Relay:
         # The asynchronous steps in progress, by the core's tokens.
         self._asks: dict[ToolCallState, asyncio.Task[None]] = {}
         self._withdrawn: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         # Calls whose allow record was made durable (the writer counts hand-offs, not calls).
         self._committed = 0
@@ -358,64 +359,75 @@ class Relay:
         commits_left = sum(1 for a in actions if type(a) is CommitRecord)
         group: list[tuple[ToolCallState, int]] = []
         for action in actions:
-            kind = type(action)
-            if kind is SendToServer:
-                assert isinstance(action, SendToServer)
-                self._wire.to_server.write(action.line)
-            elif kind is SendToClient:
-                assert isinstance(action, SendToClient)
-                self._wire.to_client.write(action.line)
-            elif kind is AppendRecord:
-                assert isinstance(action, AppendRecord)
-                self._append(action.event)
-            elif kind is CommitRecord:
-                assert isinstance(action, CommitRecord)
+            if type(action) is CommitRecord:
                 commits_left -= 1
-                self._commit(action, group, last=commits_left == 0)
-            elif kind is Announce:
-                assert isinstance(action, Announce)
-                from visor.watch import announce
+            try:
+                self._perform_one(action, group, last=commits_left == 0)
+            except Exception:
+                # One action that fails (a pin file that cannot be written) must not
+                # stop the others, nor escape into the transport's callback.
+                log.exception("action_failed", action=type(action).__name__)
 
-                announce(self, action.event, get_logger(action.logger))
-            elif kind is AskHuman:
-                assert isinstance(action, AskHuman)
-                self._ask(action)
-            elif kind is WithdrawApproval:
-                assert isinstance(action, WithdrawApproval)
-                task = self._asks.pop(action.call, None)
-                if task is not None:
-                    task.cancel()
-                    self._withdrawn.add(task)
-                    task.add_done_callback(self._withdrawn.discard)
-            elif kind is StartTimer:
-                assert isinstance(action, StartTimer) and self._loop is not None
-                self._timers[action.timer] = self._loop.call_later(action.seconds, self._fire, action.timer)
-            elif kind is CancelTimer:
-                assert isinstance(action, CancelTimer)
-                handle = self._timers.pop(action.timer, None)
-                if handle is not None:
-                    handle.cancel()
-            elif kind is DeliverReply:
-                assert isinstance(action, DeliverReply)
-                fut = self.replies.pop(action.rpc_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(action.reply)
-            elif kind is SavePins:
-                assert isinstance(action, SavePins)
-                if self._pin_saver is not None:
-                    self._pin_saver(action.data)
-            elif kind is SaveApprovals:
-                assert isinstance(action, SaveApprovals)
-                if self._approvals_saver is not None:
-                    self._approvals_saver(action.data)
-            elif kind is CloseServerInput:
-                self._wire.to_server.flush()
-                self._wire.server_in.close()
-            elif kind is StopServer:
-                assert self._loop is not None
-                self._loop.create_task(self._escalate_if_stuck())
-            else:
-                raise TypeError(f"not a session action: {action!r}")
+    def _perform_one(self, action: Action, group: list[tuple[ToolCallState, int]], *, last: bool) -> None:
+        kind = type(action)
+        if kind is SendToServer:
+            assert isinstance(action, SendToServer)
+            self._wire.to_server.write(action.line)
+        elif kind is SendToClient:
+            assert isinstance(action, SendToClient)
+            self._wire.to_client.write(action.line)
+        elif kind is AppendRecord:
+            assert isinstance(action, AppendRecord)
+            self._append(action.event)
+        elif kind is CommitRecord:
+            assert isinstance(action, CommitRecord)
+            self._commit(action, group, last=last)
+        elif kind is Announce:
+            assert isinstance(action, Announce)
+            from visor.watch import announce
+
+            announce(self, action.event, get_logger(action.logger))
+        elif kind is AskHuman:
+            assert isinstance(action, AskHuman)
+            self._ask(action)
+        elif kind is WithdrawApproval:
+            assert isinstance(action, WithdrawApproval)
+            task = self._asks.pop(action.call, None)
+            if task is not None:
+                task.cancel()
+                self._withdrawn.add(task)
+                task.add_done_callback(self._withdrawn.discard)
+        elif kind is StartTimer:
+            assert isinstance(action, StartTimer) and self._loop is not None
+            self._timers[action.timer] = self._loop.call_later(action.seconds, self._fire, action.timer)
+        elif kind is CancelTimer:
+            assert isinstance(action, CancelTimer)
+            handle = self._timers.pop(action.timer, None)
+            if handle is not None:
+                handle.cancel()
+        elif kind is DeliverReply:
+            assert isinstance(action, DeliverReply)
+            fut = self.replies.pop(action.rpc_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(action.reply)
+        elif kind is SavePins:
+            assert isinstance(action, SavePins)
+            if self._pin_saver is not None:
+                self._pin_saver(action.data)
+        elif kind is SaveApprovals:
+            assert isinstance(action, SaveApprovals)
+            if self._approvals_saver is not None:
+                self._approvals_saver(action.data)
+        elif kind is CloseServerInput:
+            self._wire.to_server.flush()
+            self._wire.server_in.close()
+        elif kind is StopServer:
+            assert self._loop is not None
+            task = self._loop.create_task(self._escalate_if_stuck())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        else:
+            raise TypeError(f"not a session action: {action!r}")
 
     @property
     def _wire(self) -> _Pipes:
