@@ -1,0 +1,380 @@
+"""`visor serve`: the options, the checks built once per process and once per MCP session, the server.
+
+What one MCP session gets is what one `visor run` gets (visor/run.py builds the same pieces):
+its own Visor session state (pins, budgets, taints, approvals), its own checks and session core,
+its own approval broker, and its own upstream process (or upstream HTTP session). What the
+sessions share is the policy, loaded and measured once, and the audit log: one writer, one
+chain, each record naming its MCP session in `mcp_session` (visor/serve/audit.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from visor import logs
+
+if TYPE_CHECKING:
+    from visor.audit.writer import AuditWriter
+    from visor.http.upstream import HttpUpstreamConfig
+    from visor.policy.schema import Policy
+    from visor.serve.gateway import GatewayConfig
+    from visor.serve.session import McpSession
+
+DEFAULT_LISTEN = "127.0.0.1:8808"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# A shorter token is guessable in a network attacker's budget; refuse it at start.
+MIN_TOKEN_CHARS = 16
+
+
+class ServeError(Exception):
+    """`visor serve` refuses to start: the message says what to fix."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from visor.cli import _positive_int, add_command
+
+    p = add_command(
+        sub,
+        "serve",
+        "serve an MCP server over Streamable HTTP behind Visor (a gateway)",
+        "Serve Streamable HTTP at http://HOST:PORT/mcp. Each MCP session gets its own upstream "
+        "process (COMMAND) or upstream HTTP session (--url), its own Visor session state, and the "
+        "same checks, approvals and durable audit as `visor run` (docs/deploy.md).",
+        "visor serve --listen 127.0.0.1:8808 --policy policy.yaml -- uvx mcp-server-time",
+        usage="visor serve [OPTIONS] (-- COMMAND [ARGS...] | --url URL)",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", default=DEFAULT_LISTEN, help=f"default {DEFAULT_LISTEN}")
+    p.add_argument(
+        "--client-token-env", metavar="VAR",
+        help="clients must present 'Authorization: Bearer <token>' with the token in $VAR "
+        "(required to listen on anything but loopback)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-origin", metavar="ORIGIN", action="append", default=[],
+        help="a browser Origin allowed besides the listen host's own (repeatable, exact match)",
+    )  # fmt: skip
+    p.add_argument("--max-sessions", type=_positive_int, default=64, metavar="N", help="default 64")
+    p.add_argument(
+        "--max-in-flight", type=_positive_int, default=64, metavar="N",
+        help="requests in flight per session (default 64)",
+    )  # fmt: skip
+    p.add_argument(
+        "--idle-timeout", type=float, default=900.0, metavar="SECONDS",
+        help="end a session (and its upstream) after this long without a request (default 900)",
+    )  # fmt: skip
+    p.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
+    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: $VISOR_HOME/audit/SERVER.jsonl)")
+    p.add_argument("--server-name", metavar="NAME", default="", help="server name the policy refers to")
+    p.add_argument(
+        "--max-message-bytes", metavar="N", type=_positive_int, default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="largest message (HTTP body, SSE event, line) accepted in either direction (default 16 MiB)",
+    )  # fmt: skip
+    p.add_argument(
+        "--identity", metavar="NAME", help="the agent identity the policy's identities section applies to"
+    )
+    p.add_argument(
+        "--pin-file", metavar="FILE", help="tool pins read at each session's start and kept in FILE"
+    )
+    p.add_argument(
+        "--audit-max-bytes", metavar="N", type=_positive_int, help="rotate the audit log at N bytes"
+    )
+    p.add_argument(
+        "--unsafe-no-fsync", action="store_true",
+        help="write the audit log without fsync (for measuring; allows are then not durable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--approval-dir", metavar="DIR",
+        help="ask for approvals through pending files in DIR (answer with `visor approve`/`visor deny`)",
+    )  # fmt: skip
+    p.add_argument(
+        "--approval-elicitation", action="store_true",
+        help="also let the MCP client answer approvals (elicitation) next to --approval-dir",
+    )  # fmt: skip
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="console", choices=["json", "console"])
+    p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    p.add_argument("--url", metavar="URL", help="a Streamable HTTP server instead of COMMAND (no OAuth)")
+    p.add_argument(
+        "--header", metavar="'NAME: VALUE'", action="append", default=[],
+        help="an HTTP header for --url (repeatable); ${VAR} in VALUE is read from the environment",
+    )  # fmt: skip
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
+    p.set_defaults(func=serve_command)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ServeError(f"--listen {text!r}: expected HOST:PORT (an IPv6 address in brackets: [::1]:8808)")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--listen {text!r}: the port must be 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+def _token(args: argparse.Namespace, host: str) -> str | None:
+    from visor.serve.gateway import is_loopback
+
+    var = args.client_token_env
+    if var is None:
+        if not is_loopback(host):
+            raise ServeError(
+                f"--listen {args.listen}: refusing to serve beyond loopback without client authentication; "
+                "give --client-token-env VAR with a bearer token in $VAR"
+            )
+        return None
+    token = os.environ.get(var)
+    if not token:
+        raise ServeError(f"--client-token-env {var}: ${var} is not set or empty")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ServeError(f"--client-token-env {var}: the token must be at least {MIN_TOKEN_CHARS} characters")
+    if any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        raise ServeError(f"--client-token-env {var}: the token must be visible ASCII (an HTTP header value)")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """What every session of the process shares: the policy, measured once, and the audit writer."""
+
+    policy: Policy
+    audit: AuditWriter
+    command: list[str]
+    http: HttpUpstreamConfig | None
+    listing_timeout: float
+
+
+def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstreamConfig | None) -> _Shared:
+    from visor.audit.signing import signer_from_args
+    from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
+    from visor.policy import attestation
+    from visor.policy.loader import PolicyError, load_default_policy, load_policy
+    from visor.run import (
+        StartupError,
+        _listing_timeout,
+        default_audit_candidates,
+        default_audit_path_for,
+        measure_invocation,
+    )
+
+    try:
+        policy = load_policy(args.policy) if args.policy else load_default_policy()
+    except PolicyError as exc:
+        raise ServeError(f"policy refused: {exc}") from exc
+    except OSError as exc:
+        raise ServeError(f"cannot read the policy {args.policy}: {exc.strerror or exc}") from exc
+    if http is not None:
+        policy = attestation.observe(policy, args.server_name, lambda pos: (None, "the server is a URL"))
+    else:
+        policy = attestation.observe(policy, args.server_name, lambda pos: measure_invocation(command, pos))
+    if args.identity and not any(i.name == args.identity for i in policy.identities):
+        raise ServeError(f"identity {args.identity!r} is not defined in the policy's identities")
+    try:
+        listing_timeout = _listing_timeout()
+    except StartupError as exc:
+        raise ServeError(str(exc)) from exc
+    candidates = [Path(args.audit_log)] if args.audit_log else default_audit_candidates(
+        default_audit_path_for(args.server_name, command)
+    )  # fmt: skip
+    for path in candidates:
+        try:
+            audit = AuditWriter.open(
+                path,
+                session=new_session_id(),
+                max_bytes=args.audit_max_bytes,
+                durable=not args.unsafe_no_fsync,
+                signer=signer_from_args(args),
+            )
+            return _Shared(policy, audit, command, http, listing_timeout)
+        except AuditLogBusy as exc:
+            if args.audit_log:
+                raise ServeError(f"audit log refused: {exc}") from exc
+        except AuditError as exc:
+            raise ServeError(f"audit log refused: {exc}") from exc
+    raise AssertionError("the audit candidates never end")
+
+
+def _session_factory(args: argparse.Namespace, shared: _Shared, gateway_ref: list[Any]) -> Any:
+    """One MCP session: the pieces `visor run` builds per process, built per session."""
+    from visor.core.checks import PolicyChecks
+    from visor.pinfile import read_pins, write_pins
+    from visor.relay.proxy import RelayConfig
+    from visor.run import (
+        StartupError,
+        _build_approvals,
+        _protected_paths,
+        approved_destinations_path,
+        read_pins_json,
+    )
+    from visor.serve.audit import SessionAudit
+    from visor.serve.drivers import HttpSessionRelay, SessionRelay
+    from visor.serve.session import McpSession
+    from visor.session import SessionState
+
+    config = RelayConfig(
+        max_message_bytes=args.max_message_bytes,
+        shutdown_grace=args.shutdown_grace,
+        listing_timeout=shared.listing_timeout,
+    )
+    protected = _protected_paths(args, shared.audit.path)
+    approved_path = approved_destinations_path(args, shared.command)
+    log = logs.get_logger("visor.serve")
+
+    async def new_session(sid: str) -> McpSession:
+        policy = shared.policy
+        try:
+            approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)
+        except StartupError as exc:
+            raise ServeError(str(exc)) from exc
+        state = SessionState(policy, args.server_name, identity=args.identity)
+        pin_saver = None
+        if args.pin_file:
+            pin_path = Path(args.pin_file)
+            if pin_path.exists():
+                state.import_pins(read_pins(pin_path))
+
+            def save_pins(data: dict[str, Any]) -> None:
+                write_pins(pin_path, data)
+
+            pin_saver = save_pins
+        if approved_path.exists():
+            state.import_approvals(read_pins_json(approved_path))
+
+        def approvals_saver(data: dict[str, Any]) -> None:
+            try:
+                write_pins(approved_path, data)
+                os.chmod(approved_path, 0o600)
+            except OSError as exc:  # the yes still holds for this session
+                log.error("approvals_save_failed", path=str(approved_path), error=str(exc))
+
+        audit = SessionAudit(shared.audit, sid)
+        checks = PolicyChecks(
+            policy=policy,
+            session=state,
+            audit_session=shared.audit.session,
+            server_name=args.server_name,
+            argv=shared.command,
+            approvals=approvals,
+            protected=protected,
+            save_pins=pin_saver is not None,
+        )
+        kwargs: dict[str, Any] = {
+            "audit": audit, "approvals": approvals, "pin_saver": pin_saver, "approvals_saver": approvals_saver,
+        }  # fmt: skip
+        if shared.http is not None:
+            relay: Any = HttpSessionRelay(shared.http, shared.command, config, checks, **kwargs)
+        else:
+            relay = SessionRelay(shared.command, config, checks, **kwargs)
+        gateway = gateway_ref[0]
+        session = McpSession(
+            sid, relay, max_message_bytes=args.max_message_bytes, on_end=gateway.session_ended
+        )
+        await session.start()
+        return session
+
+    return new_session
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level, args.log_format)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    http = None
+    try:
+        if args.url is not None or args.header:
+            from visor.http.options import upstream_config
+
+            try:
+                http, command = upstream_config(args, command)
+            except ValueError as exc:
+                raise ServeError(str(exc)) from exc
+        elif not command:
+            raise ServeError(
+                "no server command given; usage: visor serve [OPTIONS] (-- COMMAND [ARGS...] | --url URL)"
+            )
+        host, port = parse_listen(args.listen)
+        token = _token(args, host)
+        if not 0 < args.idle_timeout <= 86400:
+            raise ServeError("--idle-timeout must be above 0 and at most 86400 seconds")
+    except ServeError as exc:
+        print(f"visor serve: {exc}", file=sys.stderr)
+        return 2
+    from visor.serve.gateway import GatewayConfig
+
+    config = GatewayConfig(
+        host=host,
+        port=port,
+        token=token,
+        allowed_origins=frozenset(args.allow_origin),
+        max_message_bytes=args.max_message_bytes,
+        max_sessions=args.max_sessions,
+        max_in_flight=args.max_in_flight,
+        idle_timeout=args.idle_timeout,
+        end_grace=args.shutdown_grace + 10.0,
+        server_name=args.server_name,
+    )
+    import uvloop
+
+    try:
+        return uvloop.run(_serve(args, command, http, config))
+    except ServeError as exc:
+        print(f"visor serve: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"visor serve: cannot listen on {args.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve(
+    args: argparse.Namespace, command: list[str], http: HttpUpstreamConfig | None, config: GatewayConfig
+) -> int:
+    from aiohttp import web
+
+    from visor.serve.gateway import Gateway
+
+    log = logs.get_logger("visor.serve")
+    if args.unsafe_no_fsync:
+        log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
+    shared = _open_shared(args, command, http)
+    gateway_ref: list[Any] = []
+    gateway = Gateway(config, _session_factory(args, shared, gateway_ref))
+    gateway_ref.append(gateway)
+    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    expiry = loop.create_task(gateway.expire_idle())
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+        await site.start()
+        port = config.port
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            port = server.sockets[0].getsockname()[1]
+        shown = f"[{config.host}]" if ":" in config.host else config.host
+        print(f"visor serve: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
+        await stop.wait()
+        log.info("serve_stopping", sessions=len(gateway.sessions))
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        expiry.cancel()
+        with contextlib.suppress(BaseException):
+            await expiry
+        await gateway.close()
+        await runner.cleanup()
+        await shared.audit.close()
+    return 0

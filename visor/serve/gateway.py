@@ -1,0 +1,398 @@
+"""The HTTP side of `visor serve`: the Streamable HTTP transport's rules at `/mcp`, and `/healthz`.
+
+Every rule that can refuse a request is checked before its body reaches a session, and each
+refusal is the specification's status with a JSON-RPC error body (id null unless the message's
+own id can be trusted): the gateway never answers a bad request with a crash or a bare page.
+Order: Origin (403), client token (401), method and headers (405, 406, 415), session id (400,
+404), body size (413), the body itself held to the wire rules (400), limits (429, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from aiohttp import web
+
+from visor.audit import events as audit_events
+from visor.http.bodies import classify_body
+from visor.logs import get_logger
+from visor.serve.session import ENDED, Exchange, McpSession, id_key
+from visor.wire import errors
+from visor.wire.message import Kind, Message, Rejected
+
+log = get_logger("visor.serve")
+
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+# The revisions whose HTTP transport this gateway serves (sessions created by initialize).
+SUPPORTED_VERSIONS = frozenset({"2025-03-26", "2025-06-18", "2025-11-25"})
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+SessionFactory = Callable[[str], Awaitable[McpSession]]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    host: str
+    port: int
+    token: str | None
+    allowed_origins: frozenset[str]
+    max_message_bytes: int
+    max_sessions: int
+    max_in_flight: int
+    idle_timeout: float
+    end_grace: float
+    server_name: str
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(status: int, code: int, message: str, *, rpc_id: Any = None, headers: Any = None) -> web.Response:
+    body = {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
+    return web.Response(
+        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def _media_types(value: str) -> set[str]:
+    return {part.split(";", 1)[0].strip().lower() for part in value.split(",") if part.strip()}
+
+
+class Gateway:
+    """The session table and the request handlers."""
+
+    def __init__(self, config: GatewayConfig, new_session: SessionFactory) -> None:
+        self.config = config
+        self._new_session = new_session
+        self.sessions: dict[str, McpSession] = {}
+        self._opening = 0
+        self._ending: set[asyncio.Task[None]] = set()
+        self._expected_auth = f"Bearer {config.token}".encode() if config.token is not None else None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_message_bytes + 1)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_route("*", "/mcp", self.mcp)
+        return app
+
+    # ------------------------------------------------------------ sessions
+    def session_ended(self, session: McpSession) -> None:
+        if self.sessions.get(session.sid) is session:
+            del self.sessions[session.sid]
+            log.info("session_closed", mcp_session=session.sid, sessions=len(self.sessions))
+
+    def _end_later(self, session: McpSession) -> None:
+        task = asyncio.get_running_loop().create_task(session.end(self.config.end_grace))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def expire_idle(self) -> None:
+        """End sessions with nothing in flight and no POST for the idle timeout (a GET stream
+        alone does not keep a session alive: the SDK client holds one open for its whole life)."""
+        interval = max(0.05, min(self.config.idle_timeout / 4, 30.0))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if session.in_flight == 0 and now - session.last_active >= self.config.idle_timeout:
+                    log.info("session_idle_expired", mcp_session=session.sid)
+                    self._end_later(session)
+
+    async def close(self) -> None:
+        """Every session ended (its upstream stopped) before the gateway stops."""
+        sessions = list(self.sessions.values())
+        await asyncio.gather(*(s.end(self.config.end_grace) for s in sessions), return_exceptions=True)
+        if self._ending:
+            await asyncio.gather(*self._ending, return_exceptions=True)
+
+    # ------------------------------------------------------------ checks common to every method
+    def _refuse_origin_or_auth(self, request: web.Request) -> web.Response | None:
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._origin_allowed(origin):
+            log.warning("origin_refused", origin=origin[:200])
+            return _error(403, errors.INVALID_REQUEST, "Forbidden: this Origin may not use this server")
+        if self._expected_auth is not None:
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            # Constant time in the token: compare digests of equal length.
+            if not hmac.compare_digest(
+                hashlib.sha256(given).digest(), hashlib.sha256(self._expected_auth).digest()
+            ):
+                return _error(
+                    401, errors.INVALID_REQUEST, "Unauthorized: present Authorization: Bearer <token>",
+                    headers={"WWW-Authenticate": 'Bearer realm="visor"'},
+                )  # fmt: skip
+        return None
+
+    def _origin_allowed(self, origin: str) -> bool:
+        if origin in self.config.allowed_origins:
+            return True
+        try:
+            host = urlsplit(origin).hostname
+        except ValueError:
+            return False
+        if not host:
+            return False
+        listen = self.config.host.lower().strip("[]")
+        if host.lower() == listen:
+            return True
+        # A page served from this machine's loopback under another spelling is the same machine.
+        return is_loopback(listen) and is_loopback(host)
+
+    def _session_for(self, request: web.Request) -> McpSession | web.Response:
+        sid = request.headers.get(SESSION_HEADER)
+        if sid is None:
+            return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
+        session = self.sessions.get(sid)
+        if session is None or session.ended:
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
+        version = request.headers.get(VERSION_HEADER)
+        if version is not None and version not in SUPPORTED_VERSIONS:
+            return _error(
+                400, errors.INVALID_REQUEST, f"Bad Request: unsupported {VERSION_HEADER} {version[:40]!r}"
+            )
+        return session
+
+    # ------------------------------------------------------------ handlers
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def mcp(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse_origin_or_auth(request)
+        if refused is not None:
+            return refused
+        if request.method == "POST":
+            return await self._post(request)
+        if request.method == "GET":
+            return await self._get(request)
+        if request.method == "DELETE":
+            return await self._delete(request)
+        return _error(
+            405, errors.INVALID_REQUEST, "Method Not Allowed", headers={"Allow": "GET, POST, DELETE"}
+        )
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        accept = _media_types(request.headers.get("Accept", ""))
+        if not ({"application/json", "text/event-stream"} <= accept or "*/*" in accept):
+            return _error(
+                406,
+                errors.INVALID_REQUEST,
+                "Not Acceptable: Accept must list application/json and text/event-stream",
+            )
+        if _media_types(request.headers.get("Content-Type", "")) != {"application/json"}:
+            return _error(
+                415, errors.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
+            )
+        if request.content_length is not None and request.content_length > self.config.max_message_bytes:
+            return _error(
+                413,
+                errors.INVALID_REQUEST,
+                f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _error(
+                413,
+                errors.INVALID_REQUEST,
+                f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
+            )
+        sid = request.headers.get(SESSION_HEADER)
+        msg = classify_body(body)
+        if isinstance(msg, Rejected):
+            session = self.sessions.get(sid) if sid is not None else None
+            if session is not None:
+                self._record_reject(session, body, msg)
+            rpc_id = msg.reply_ids[0] if len(msg.reply_ids) == 1 and not msg.reply_null else None
+            return _error(400, msg.code, msg.reason, rpc_id=rpc_id)
+        if sid is None and msg.kind is Kind.REQUEST and msg.method == "initialize":
+            return await self._initialize(msg)
+        found = self._session_for(request)
+        if isinstance(found, web.Response):
+            return found
+        session = found
+        session.last_active = time.monotonic()
+        if msg.kind is not Kind.REQUEST:
+            # A notification or a response (to a server's request): accepted once on the relay's input.
+            try:
+                await session.send(msg.raw)
+            except ConnectionError:
+                return _error(404, errors.INVALID_REQUEST, "Session not found (ended)")
+            return web.Response(status=202)
+        return await self._request(request, session, msg)
+
+    async def _initialize(self, msg: Message) -> web.StreamResponse:
+        if len(self.sessions) + self._opening >= self.config.max_sessions:
+            return _error(
+                503,
+                errors.INTERNAL_ERROR,
+                "Service Unavailable: too many sessions",
+                rpc_id=msg.id,
+                headers={"Retry-After": "5"},
+            )
+        sid = secrets.token_hex(16)  # 128 random bits, visible ASCII
+        self._opening += 1
+        try:
+            session = await self._new_session(sid)
+        except Exception as exc:
+            log.error("session_start_failed", error=str(exc))
+            return _error(
+                500, errors.INTERNAL_ERROR, f"the upstream session could not start: {exc}", rpc_id=msg.id
+            )
+        finally:
+            self._opening -= 1
+        self.sessions[sid] = session
+        log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
+        ex = session.open_exchange(id_key(msg.id), None)
+        first = await self._send_and_wait(session, ex, msg)
+        if first is ENDED or "error" in orjson.loads(first):
+            session.close_exchange(ex)
+            self._end_later(session)
+            if first is ENDED:
+                return _error(
+                    502,
+                    errors.INTERNAL_ERROR,
+                    "the upstream ended before it answered initialize",
+                    rpc_id=msg.id,
+                )
+            return web.Response(body=first, content_type="application/json")
+        session.close_exchange(ex)
+        return web.Response(body=first, content_type="application/json", headers={SESSION_HEADER: sid})
+
+    async def _send_and_wait(self, session: McpSession, ex: Exchange, msg: Message) -> bytes:
+        try:
+            await session.send(msg.raw)
+        except ConnectionError:
+            return ENDED
+        line = await ex.queue.get()
+        session.delivered()
+        return line
+
+    async def _request(self, request: web.Request, session: McpSession, msg: Message) -> web.StreamResponse:
+        if session.in_flight >= self.config.max_in_flight:
+            return _error(
+                429,
+                errors.INVALID_REQUEST,
+                f"Too Many Requests: at most {self.config.max_in_flight} in flight per session",
+                rpc_id=msg.id,
+            )
+        key = id_key(msg.id)
+        if key in session.exchanges:
+            return _error(
+                400,
+                errors.INVALID_REQUEST,
+                "Bad Request: a request with this id is already in flight",
+                rpc_id=msg.id,
+            )
+        params = msg.obj.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        ex = session.open_exchange(key, token)
+        try:
+            first = await self._send_and_wait(session, ex, msg)
+            if first is ENDED:
+                return _error(404, errors.INTERNAL_ERROR, "Session ended before the answer", rpc_id=msg.id)
+            if _is_response(first):
+                return web.Response(body=first, content_type="application/json")
+            # Something came before the answer (progress, a server's request): stream them all.
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                }
+            )
+            await response.prepare(request)
+            line = first
+            while True:
+                await response.write(b"event: message\ndata: " + line + b"\n\n")
+                if _is_response(line):
+                    break
+                line = await ex.queue.get()
+                session.delivered()
+                if line is ENDED:
+                    break
+            await response.write_eof()
+            return response
+        finally:
+            session.close_exchange(ex)
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        if "text/event-stream" not in _media_types(request.headers.get("Accept", "")):
+            return _error(406, errors.INVALID_REQUEST, "Not Acceptable: Accept must list text/event-stream")
+        found = self._session_for(request)
+        if isinstance(found, web.Response):
+            return found
+        session = found
+        ex = session.open_get_stream()
+        if ex is None:
+            return _error(409, errors.INVALID_REQUEST, "Conflict: this session's GET stream is already open")
+        try:
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",
+                }
+            )
+            await response.prepare(request)
+            while True:
+                line = await ex.queue.get()
+                session.delivered()
+                if line is ENDED:
+                    break
+                await response.write(b"event: message\ndata: " + line + b"\n\n")
+            await response.write_eof()
+            return response
+        finally:
+            session.close_get_stream(ex)
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        found = self._session_for(request)
+        if isinstance(found, web.Response):
+            return found
+        await found.end(self.config.end_grace)
+        return web.Response(status=200)
+
+    def _record_reject(self, session: McpSession, body: bytes, msg: Rejected) -> None:
+        """A refused body is one audit record with its size and digest, as on stdio."""
+        event = audit_events.reject(
+            server=self.config.server_name,
+            direction="client",
+            reason=msg.reason,
+            size=len(body),
+            digest=hashlib.sha256(body).hexdigest(),
+            code=msg.code,
+            method=msg.method,
+            tool=msg.tool,
+        )
+        audit = session.relay.audit
+        if audit is not None:
+            try:
+                audit.append(event)
+            except Exception as exc:
+                log.error("audit_append_failed", error=str(exc), audit_event="reject")
+
+
+def _is_response(line: bytes) -> bool:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "method" not in obj
