@@ -258,6 +258,7 @@ _COMMAND_MODULES = (
     "visor.approval.commands",
     "visor.install.commands",
     "visor.watch",
+    "visor.serve.command",
 )
 
 
