@@ -180,49 +180,38 @@ class SessionCore:
         return self._take()
 
     def handle(self, event: Event) -> list[Action]:
-        kind = type(event)
-        if kind is ClientData:
-            assert isinstance(event, ClientData)
-            self._client_data(event.data)
-        elif kind is ServerData:
-            assert isinstance(event, ServerData)
-            self._server_data(event.data)
-        elif kind is CommitDone:
-            assert isinstance(event, CommitDone)
-            self._committed(event.call, event.seq)
-        elif kind is CommitFailed:
-            assert isinstance(event, CommitFailed)
-            self._commit_failed(event.call, event.error)
-        elif kind is ApprovalAnswered:
-            assert isinstance(event, ApprovalAnswered)
-            self._answered(event)
-        elif kind is TimerFired:
-            assert isinstance(event, TimerFired)
-            self._timer(event.timer)
-        elif kind is ClientEof:
-            self._client_eof()
-        elif kind is ClientGone:
-            self._client_gone()
-        elif kind is ServerEof:
-            self._server_eof()
-        elif kind is ServerInputLost:
-            self._server_input_closed = True
-        elif kind is VisorRequest:
-            assert isinstance(event, VisorRequest)
-            self._visor_request(event)
-        elif kind is VisorNotify:
-            assert isinstance(event, VisorNotify)
-            if not self.client_closed:
-                self._to_client(
-                    orjson.dumps({"jsonrpc": "2.0", "method": event.method, "params": event.params})
-                )
-        elif kind is VisorForget:
-            assert isinstance(event, VisorForget)
-            self._visor_to_client.discard(event.rpc_id)
-        elif kind is Closing:
-            self._close()
-        else:
-            raise TypeError(f"not a session event: {event!r}")
+        match event:
+            case ClientData(data=data):
+                self._client_data(data)
+            case ServerData(data=data):
+                self._server_data(data)
+            case CommitDone(call=call, seq=seq):
+                self._committed(call, seq)
+            case CommitFailed(call=call, error=error):
+                self._commit_failed(call, error)
+            case ApprovalAnswered():
+                self._answered(event)
+            case TimerFired(timer=timer):
+                self._timer(timer)
+            case ClientEof():
+                self._client_eof()
+            case ClientGone():
+                self._client_gone()
+            case ServerEof():
+                self._server_eof()
+            case ServerInputLost():
+                self._server_input_closed = True
+            case VisorRequest():
+                self._visor_request(event)
+            case VisorNotify(method=method, params=params):
+                if not self.client_closed:
+                    self._to_client(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params}))
+            case VisorForget(rpc_id=rpc_id):
+                self._visor_to_client.discard(rpc_id)
+            case Closing():
+                self._close()
+            case _:
+                raise TypeError(f"not a session event: {event!r}")
         return self._take()
 
     @property
@@ -453,37 +442,30 @@ class SessionCore:
 
     def _apply(self, call: ToolCallState, verdict: Verdict) -> None:
         """Act on a verdict about a call that is still the client's (not withdrawn)."""
-        kind = type(verdict)
-        if kind is AwaitCommit:
-            assert isinstance(verdict, AwaitCommit)
-            if call.slot is None and call.stage is Stage.DECIDING:
-                # Judged as it arrived: its place in line is taken now, and the
-                # client's later messages wait behind it. A call a human approved
-                # takes its place when its record is durable, behind what came meanwhile.
-                call.slot = self._hold()
-            call.stage = Stage.COMMIT
-            call.line = verdict.line
-            call.started = verdict.started
-            self._out.append(CommitRecord(verdict.record, call))
-            for record in verdict.after:
-                self._out.append(AppendRecord(record))
-            return
-        if kind is AwaitHuman:
-            assert isinstance(verdict, AwaitHuman)
-            call.stage = Stage.HUMAN
-            call.approval = verdict.approval
-            self._release(call)  # a human's answer holds nothing back
-            self._out.append(AskHuman(call, verdict.request, call.ctx, verdict.out_of_band_only))
-            return
-        if kind is Forward:
-            assert isinstance(verdict, Forward)
-            self._relay(call, verdict.line)
-            return
-        assert isinstance(verdict, Answer)
-        call.stage = Stage.DONE
-        self._forget(call)
-        self._release(call)
-        self._to_client(verdict.line)
+        match verdict:
+            case AwaitCommit(record=record, line=line, after=after, started=started):
+                if call.slot is None and call.stage is Stage.DECIDING:
+                    # Judged as it arrived: its place in line is taken now, and the
+                    # client's later messages wait behind it. A call a human approved
+                    # takes its place when its record is durable, behind what came meanwhile.
+                    call.slot = self._hold()
+                call.stage = Stage.COMMIT
+                call.line = line
+                call.started = started
+                self._out.append(CommitRecord(record, call))
+                self._out.extend(AppendRecord(r) for r in after)
+            case AwaitHuman(approval=approval, request=request, out_of_band_only=out_of_band_only):
+                call.stage = Stage.HUMAN
+                call.approval = approval
+                self._release(call)  # a human's answer holds nothing back
+                self._out.append(AskHuman(call, request, call.ctx, out_of_band_only))
+            case Forward(line=line):
+                self._relay(call, line)
+            case Answer(line=line):
+                call.stage = Stage.DONE
+                self._forget(call)
+                self._release(call)
+                self._to_client(line)
 
     def _relay(self, call: ToolCallState, line: bytes) -> None:
         call.stage = Stage.RELAYED

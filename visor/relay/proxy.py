@@ -369,65 +369,54 @@ class Relay:
                 log.exception("action_failed", action=type(action).__name__)
 
     def _perform_one(self, action: Action, group: list[tuple[ToolCallState, int]], *, last: bool) -> None:
-        kind = type(action)
-        if kind is SendToServer:
-            assert isinstance(action, SendToServer)
-            self._wire.to_server.write(action.line)
-        elif kind is SendToClient:
-            assert isinstance(action, SendToClient)
-            self._wire.to_client.write(action.line)
-        elif kind is AppendRecord:
-            assert isinstance(action, AppendRecord)
-            self._append(action.event)
-        elif kind is CommitRecord:
-            assert isinstance(action, CommitRecord)
-            self._commit(action, group, last=last)
-        elif kind is Announce:
-            assert isinstance(action, Announce)
-            from visor.watch import announce
+        match action:
+            case SendToServer(line=line):
+                self._wire.to_server.write(line)
+            case SendToClient(line=line):
+                self._wire.to_client.write(line)
+            case AppendRecord(event=event):
+                self._append(event)
+            case CommitRecord():
+                self._commit(action, group, last=last)
+            case Announce(event=event, logger=logger):
+                from visor.watch import announce
 
-            announce(self, action.event, get_logger(action.logger))
-        elif kind is AskHuman:
-            assert isinstance(action, AskHuman)
-            self._ask(action)
-        elif kind is WithdrawApproval:
-            assert isinstance(action, WithdrawApproval)
-            task = self._asks.pop(action.call, None)
-            if task is not None:
-                task.cancel()
-                self._withdrawn.add(task)
-                task.add_done_callback(self._withdrawn.discard)
-        elif kind is StartTimer:
-            assert isinstance(action, StartTimer) and self._loop is not None
-            self._timers[action.timer] = self._loop.call_later(action.seconds, self._fire, action.timer)
-        elif kind is CancelTimer:
-            assert isinstance(action, CancelTimer)
-            handle = self._timers.pop(action.timer, None)
-            if handle is not None:
-                handle.cancel()
-        elif kind is DeliverReply:
-            assert isinstance(action, DeliverReply)
-            fut = self.replies.pop(action.rpc_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(action.reply)
-        elif kind is SavePins:
-            assert isinstance(action, SavePins)
-            if self._pin_saver is not None:
-                self._pin_saver(action.data)
-        elif kind is SaveApprovals:
-            assert isinstance(action, SaveApprovals)
-            if self._approvals_saver is not None:
-                self._approvals_saver(action.data)
-        elif kind is CloseServerInput:
-            self._wire.to_server.flush()
-            self._wire.server_in.close()
-        elif kind is StopServer:
-            assert self._loop is not None
-            task = self._loop.create_task(self._escalate_if_stuck())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        else:
-            raise TypeError(f"not a session action: {action!r}")
+                announce(self, event, get_logger(logger))
+            case AskHuman():
+                self._ask(action)
+            case WithdrawApproval(call=call):
+                task = self._asks.pop(call, None)
+                if task is not None:
+                    task.cancel()
+                    self._withdrawn.add(task)
+                    task.add_done_callback(self._withdrawn.discard)
+            case StartTimer(timer=timer, seconds=seconds):
+                assert self._loop is not None
+                self._timers[timer] = self._loop.call_later(seconds, self._fire, timer)
+            case CancelTimer(timer=timer):
+                handle = self._timers.pop(timer, None)
+                if handle is not None:
+                    handle.cancel()
+            case DeliverReply(rpc_id=rpc_id, reply=reply):
+                fut = self.replies.pop(rpc_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+            case SavePins(data=data):
+                if self._pin_saver is not None:
+                    self._pin_saver(data)
+            case SaveApprovals(data=data):
+                if self._approvals_saver is not None:
+                    self._approvals_saver(data)
+            case CloseServerInput():
+                self._wire.to_server.flush()
+                self._wire.server_in.close()
+            case StopServer():
+                assert self._loop is not None
+                task = self._loop.create_task(self._escalate_if_stuck())
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            case _:
+                raise TypeError(f"not a session action: {action!r}")
 
     @property
     def _wire(self) -> _Pipes:
