@@ -122,3 +122,28 @@ def test_the_tools_list_answer_pins_the_tools() -> None:
     out = wire.server(result("l", {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}))
     assert [(r["event"], r.get("tool")) for r in records(out)] == [("pin", "echo")]
     assert to_client(out)[0]["id"] == "l"
+
+
+def test_a_server_request_the_policy_refuses_is_answered_to_the_server_and_never_seen_by_the_client() -> None:
+    wire = policy_wire(
+        policy="""\
+        version: "1.0"
+        default_action: deny
+        servers:
+          - name: "srv"
+            allowed: true
+            server_requests:
+              sampling: deny
+            tools:
+              - name: "echo"
+                allowed: true
+        """
+    )
+    out = wire.server(SAMPLING)
+    assert to_client(out) == []
+    (refusal,) = to_server(out)
+    assert refusal["id"] == "s1" and refusal["error"]["code"] == -32600
+    assert [(r["event"], r["rule"]) for r in records(out)] == [
+        ("deny", "servers[srv].server_requests.sampling")
+    ]
+    assert "s1" not in wire.core.server_pending
