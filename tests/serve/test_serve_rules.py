@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.serve.serve_proc import INIT, alive, http, initialize, post, serve, stdio_upstream
+from tests.serve.serve_proc import ACCEPT_BOTH, INIT, alive, http, initialize, post, serve, stdio_upstream
 
 TOKEN = "t0ken-of-the-test-0123456789abcdef"
 
@@ -128,3 +128,61 @@ def test_the_session_cap_refuses_one_more_initialize(tmp_path: Path) -> None:
         initialize(gw.url)
         full = post(gw.url, INIT)
         assert full.status == 503 and full.json()["error"]["code"] == -32603
+
+
+def test_a_sessionless_2026_07_28_request_is_refused_with_the_reason(tmp_path: Path) -> None:
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        refused = post(gw.url, call, **{"MCP-Protocol-Version": "2026-07-28"})
+        assert refused.status == 400 and "2026-07-28" in refused.json()["error"]["message"]
+
+
+def test_the_in_flight_cap_refuses_one_more_request_with_429(tmp_path: Path) -> None:
+    import json
+    from http.client import HTTPConnection
+    from urllib.parse import urlsplit
+
+    policy = 'version: "1.0"\ndefault_action: allow\n'
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids"), "--max-in-flight", "1", policy=policy) as gw:
+        sid = initialize(gw.url)
+        parts = urlsplit(gw.url)
+        held = HTTPConnection(parts.hostname, parts.port, timeout=30)
+        call = {"jsonrpc": "2.0", "id": "held", "method": "tools/call",
+                "params": {"name": "confirm", "arguments": {"question": "go?"}}}  # fmt: skip
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT_BOTH, "Mcp-Session-Id": sid}
+        held.request("POST", parts.path, json.dumps(call).encode(), headers)
+        # The tool waits for the client's answer to its elicitation, sent first on this POST's stream.
+        stream = held.getresponse()
+        assert stream.status == 200 and stream.getheader("Content-Type") == "text/event-stream"
+        assert b"elicitation/create" in stream.readline() + stream.readline()
+        over = post(gw.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
+        assert over.status == 429 and over.json()["error"]["code"] == -32600
+        held.close()
+
+
+def test_one_get_stream_per_session_and_a_closed_one_can_be_reopened(tmp_path: Path) -> None:
+    from http.client import HTTPConnection
+    from urllib.parse import urlsplit
+
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
+        sid = initialize(gw.url)
+        parts = urlsplit(gw.url)
+        headers = {"Accept": "text/event-stream", "Mcp-Session-Id": sid}
+        first = HTTPConnection(parts.hostname, parts.port, timeout=30)
+        first.request("GET", parts.path, headers=headers)
+        stream = first.getresponse()
+        assert stream.status == 200 and stream.getheader("Content-Type") == "text/event-stream"
+        second = http("GET", gw.url, None, headers)
+        assert second.status == 409 and second.json()["error"]["code"] == -32600
+        first.close()
+        # The gateway notices the client went away and closes its end; then a GET opens again.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = HTTPConnection(parts.hostname, parts.port, timeout=30)
+            again.request("GET", parts.path, headers=headers)
+            status = again.getresponse().status
+            again.close()
+            if status != 409:
+                break
+            time.sleep(0.1)
+        assert status == 200

@@ -350,7 +350,14 @@ async def _serve(
     gateway_ref: list[Any] = []
     gateway = Gateway(config, _session_factory(args, shared, gateway_ref))
     gateway_ref.append(gateway)
-    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        gateway.app(),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        # A client that goes away ends its handler: a GET stream no one reads is closed, not kept.
+        handler_cancellation=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

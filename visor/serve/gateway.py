@@ -158,6 +158,14 @@ class Gateway:
     def _session_for(self, request: web.Request) -> McpSession | web.Response:
         sid = request.headers.get(SESSION_HEADER)
         if sid is None:
+            if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS:
+                # Sessionless requests (2026-07-28) would need a Visor session state per request or
+                # one shared by every client: neither is built yet, so say so rather than guess.
+                return _error(
+                    400, errors.INVALID_REQUEST,
+                    "Bad Request: this gateway serves sessions (initialize, 2025-11-25); "
+                    "sessionless 2026-07-28 requests are not served yet",
+                )  # fmt: skip
             return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
         session = self.sessions.get(sid)
         if session is None or session.ended:
@@ -249,7 +257,9 @@ class Gateway:
         sid = secrets.token_hex(16)  # 128 random bits, visible ASCII
         self._opening += 1
         try:
-            session = await self._new_session(sid)
+            # Shielded: a client that goes away mid-start must not leave a session nobody can end
+            # (registered, it expires when idle).
+            session = await asyncio.shield(asyncio.get_running_loop().create_task(self._open(sid)))
         except Exception as exc:
             log.error("session_start_failed", error=str(exc))
             return _error(
@@ -257,8 +267,6 @@ class Gateway:
             )
         finally:
             self._opening -= 1
-        self.sessions[sid] = session
-        log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
         ex = session.open_exchange(id_key(msg.id), None)
         first = await self._send_and_wait(session, ex, msg)
         if first is ENDED or "error" in orjson.loads(first):
@@ -274,6 +282,12 @@ class Gateway:
             return web.Response(body=first, content_type="application/json")
         session.close_exchange(ex)
         return web.Response(body=first, content_type="application/json", headers={SESSION_HEADER: sid})
+
+    async def _open(self, sid: str) -> McpSession:
+        session = await self._new_session(sid)
+        self.sessions[sid] = session
+        log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
+        return session
 
     async def _send_and_wait(self, session: McpSession, ex: Exchange, msg: Message) -> bytes:
         try:
@@ -320,15 +334,19 @@ class Gateway:
             )
             await response.prepare(request)
             line = first
-            while True:
-                await response.write(b"event: message\ndata: " + line + b"\n\n")
-                if _is_response(line):
-                    break
-                line = await ex.queue.get()
-                session.delivered()
-                if line is ENDED:
-                    break
-            await response.write_eof()
+            try:
+                while True:
+                    await response.write(b"event: message\ndata: " + line + b"\n\n")
+                    if _is_response(line):
+                        break
+                    line = await ex.queue.get()
+                    session.delivered()
+                    if line is ENDED:
+                        break
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client went away; on this revision that is not a cancellation (the call runs on).
+                log.info("stream_closed_by_client", mcp_session=session.sid)
             return response
         finally:
             session.close_exchange(ex)
@@ -352,13 +370,16 @@ class Gateway:
                 }
             )
             await response.prepare(request)
-            while True:
-                line = await ex.queue.get()
-                session.delivered()
-                if line is ENDED:
-                    break
-                await response.write(b"event: message\ndata: " + line + b"\n\n")
-            await response.write_eof()
+            try:
+                while True:
+                    line = await ex.queue.get()
+                    session.delivered()
+                    if line is ENDED:
+                        break
+                    await response.write(b"event: message\ndata: " + line + b"\n\n")
+                await response.write_eof()
+            except ConnectionResetError:
+                log.info("get_stream_closed_by_client", mcp_session=session.sid)
             return response
         finally:
             session.close_get_stream(ex)
