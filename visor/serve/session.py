@@ -194,16 +194,20 @@ class McpSession:
             elif not isinstance(line, bytes):
                 # The relay writes only lines it framed itself: this is a bug, not an attack.
                 log.error("relay_output_refused", mcp_session=self.sid, event=repr(line))
-        if sum(ex.queue.qsize() for ex in self.exchanges.values()) > _QUEUED_HIGH:
+        if self._queued() > _QUEUED_HIGH:
             self._paused = True
             if self._from_relay is not None:
                 self._from_relay.pause_reading()
 
     def _maybe_resume(self) -> None:
-        if self._paused and sum(ex.queue.qsize() for ex in self.exchanges.values()) <= _QUEUED_HIGH // 2:
+        if self._paused and self._queued() <= _QUEUED_HIGH // 2:
             self._paused = False
             if self._from_relay is not None and not self.ended:
                 self._from_relay.resume_reading()
+
+    def _queued(self) -> int:
+        waiting = sum(ex.queue.qsize() for ex in self.exchanges.values())
+        return waiting + (self.get_stream.queue.qsize() if self.get_stream is not None else 0)
 
     def _on_eof(self) -> None:
         log.debug("relay_output_closed", mcp_session=self.sid)
