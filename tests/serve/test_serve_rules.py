@@ -186,3 +186,13 @@ def test_one_get_stream_per_session_and_a_closed_one_can_be_reopened(tmp_path: P
                 break
             time.sleep(0.1)
         assert status == 200
+
+
+def test_an_upstream_that_cannot_start_fails_initialize_and_the_gateway_stays_up(tmp_path: Path) -> None:
+    with serve(tmp_path, [str(tmp_path / "no-such-server")]) as gw:
+        for _ in range(2):
+            failed = post(gw.url, INIT)
+            assert failed.status in (500, 502) and failed.json()["error"]["code"] == -32603
+            assert "mcp-session-id" not in failed.headers
+        assert http("GET", gw.base + "/healthz").status == 200
+        assert gw.proc.poll() is None

@@ -29,7 +29,13 @@ class SessionRelay(Relay):
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._server_eof = loop.create_future()
-        upstream = self._upstream = await upstream_mod.spawn(self.argv)
+        try:
+            upstream = self._upstream = await upstream_mod.spawn(self.argv)
+        except BaseException:
+            # The relay never took the client's pipe ends: they are ours to close.
+            os.close(client_in_fd)
+            os.close(client_out_fd)
+            raise
         self.upstream_pid = upstream.pid
         try:
             await self._connect(loop, client_in_fd, client_out_fd)

@@ -79,8 +79,9 @@ class McpSession:
         self._from_relay: asyncio.ReadTransport | None = None
         self._task: asyncio.Task[int] | None = None
         self._paused = False
+        self._relay_over = False
+        self._output_over = False
         self.ended = False
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -105,12 +106,20 @@ class McpSession:
             log.error("session_relay_failed", mcp_session=self.sid, error=repr(exc))
         else:
             log.info("session_relay_ended", mcp_session=self.sid, status=task.result())
+            # A relay that ended normally closed its output: what it wrote last (answers sent as
+            # the upstream exited) is still being read, and waits that long are settled after it.
+            self._relay_over = True
+            if self._output_over:
+                self._finish()
+            return
         self._finish()
 
     def _finish(self) -> None:
         if not self.ended:
             self.ended = True
             self._on_end(self)
+        if self._to_relay is not None and not self._to_relay.is_closing():
+            self._to_relay.close()
         for ex in list(self.exchanges.values()):
             ex.queue.put_nowait(ENDED)
         if self.get_stream is not None:
@@ -142,13 +151,15 @@ class McpSession:
     async def send(self, line: bytes) -> None:
         """One client message, already checked, as one line on the relay's input."""
         writer = self._to_relay
-        if writer is None or writer.is_closing():
+        if writer is None or writer.is_closing() or self.ended:
             raise ConnectionError("the session has ended")
         writer.write(line + b"\n")
         await writer.drain()
 
     def open_exchange(self, key: bytes, progress_token: Any) -> Exchange:
         ex = Exchange(key)
+        if self.ended:
+            ex.queue.put_nowait(ENDED)
         if progress_token is not None:
             ex.progress_token = id_key(progress_token)
             self._by_token[ex.progress_token] = ex
@@ -193,7 +204,7 @@ class McpSession:
                 self._route(line)
             elif not isinstance(line, bytes):
                 # The relay writes only lines it framed itself: this is a bug, not an attack.
-                log.error("relay_output_refused", mcp_session=self.sid, event=repr(line))
+                log.error("relay_output_refused", mcp_session=self.sid, frame=repr(line))
         if self._queued() > _QUEUED_HIGH:
             self._paused = True
             if self._from_relay is not None:
@@ -211,6 +222,9 @@ class McpSession:
 
     def _on_eof(self) -> None:
         log.debug("relay_output_closed", mcp_session=self.sid)
+        self._output_over = True
+        if self._relay_over:
+            self._finish()
 
     def _route(self, line: bytes) -> None:
         try:
