@@ -34,9 +34,17 @@ from typing import Any
 
 import orjson
 
-from visor.approval.model import VISOR_ID_PREFIX, is_visor_rpc_id
+from visor.approval.model import VISOR_ID_PREFIX, is_visor_rpc_id, new_rpc_id
 from visor.core.calls import CallContext, Slot, Stage, ToolCallState
-from visor.core.checks import Answer, AwaitCommit, AwaitHuman, Checks, Forward, Verdict
+from visor.core.checks import (
+    LISTING_TIMEOUT_SECONDS,
+    Answer,
+    AwaitCommit,
+    AwaitHuman,
+    Checks,
+    Forward,
+    Verdict,
+)
 from visor.core.digests import LineDigests
 from visor.core.events import (
     Action,
@@ -106,7 +114,8 @@ def short(value: object) -> str:
 class CoreConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     max_pending: int = 10_000
-    listing_timeout: float = 15.0
+    # How long a call made before any listing waits for Visor's own tools/list.
+    listing_timeout: float = LISTING_TIMEOUT_SECONDS
 
 
 @dataclass(slots=True, eq=False)
@@ -142,8 +151,6 @@ class SessionCore:
         *,
         new_id: Callable[[], str] | None = None,
     ) -> None:
-        from visor.approval.model import new_rpc_id
-
         self.checks = checks
         self.config = config or CoreConfig()
         self._new_id = new_id or new_rpc_id
