@@ -54,7 +54,7 @@ def test_bad_requests_get_the_specified_status_and_a_json_rpc_error(tmp_path: Pa
         assert len(rejects) == 4 and all(len(r["sha256"]) == 64 for r in rejects)
 
 
-def test_origin_of_another_site_is_refused(tmp_path: Path) -> None:
+def test_origin_or_host_of_another_site_is_refused(tmp_path: Path) -> None:
     with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
         refused = post(gw.url, INIT, Origin="http://evil.example")
         assert refused.status == 403 and refused.json()["error"]["code"] == -32600
@@ -63,6 +63,10 @@ def test_origin_of_another_site_is_refused(tmp_path: Path) -> None:
         # The listen host's own origin (any loopback spelling) is the same machine.
         assert post(gw.url, INIT, Origin=f"http://localhost:{port}").status == 200
         assert post(gw.url, INIT, Origin=f"http://127.0.0.1:{port}").status == 200
+        # A rebound name reaching a loopback listener is refused even without an Origin.
+        rebound = post(gw.url, INIT, Host=f"attacker.example:{port}")
+        assert rebound.status == 403 and rebound.json()["error"]["code"] == -32600
+        assert post(gw.url, INIT, Host=f"localhost:{port}").status == 200
 
 
 def test_a_non_loopback_listen_without_a_client_token_is_refused_at_start(tmp_path: Path) -> None:

@@ -124,6 +124,10 @@ class Gateway:
 
     # ------------------------------------------------------------ checks common to every method
     def _refuse_origin_or_auth(self, request: web.Request) -> web.Response | None:
+        if is_loopback(self.config.host) and not self._host_is_loopback(request):
+            # DNS rebinding from a page whose browser omits Origin: the name it used is not ours.
+            log.warning("host_refused", host=request.headers.get("Host", "")[:200])
+            return _error(403, errors.INVALID_REQUEST, "Forbidden: this Host may not use this server")
         origin = request.headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin):
             log.warning("origin_refused", origin=origin[:200])
@@ -139,6 +143,17 @@ class Gateway:
                     headers={"WWW-Authenticate": 'Bearer realm="visor"'},
                 )  # fmt: skip
         return None
+
+    @staticmethod
+    def _host_is_loopback(request: web.Request) -> bool:
+        host = request.headers.get("Host")
+        if host is None:
+            return True  # HTTP/1.0 without Host: no name was used to reach us
+        try:
+            name = urlsplit("//" + host).hostname
+        except ValueError:
+            return False
+        return name is not None and is_loopback(name)
 
     def _origin_allowed(self, origin: str) -> bool:
         if origin in self.config.allowed_origins:
@@ -230,7 +245,7 @@ class Gateway:
             rpc_id = msg.reply_ids[0] if len(msg.reply_ids) == 1 and not msg.reply_null else None
             return _error(400, msg.code, msg.reason, rpc_id=rpc_id)
         if sid is None and msg.kind is Kind.REQUEST and msg.method == "initialize":
-            return await self._initialize(msg)
+            return await self._initialize(request, msg)
         found = self._session_for(request)
         if isinstance(found, web.Response):
             return found
@@ -245,7 +260,7 @@ class Gateway:
             return web.Response(status=202)
         return await self._request(request, session, msg)
 
-    async def _initialize(self, msg: Message) -> web.StreamResponse:
+    async def _initialize(self, request: web.Request, msg: Message) -> web.StreamResponse:
         if len(self.sessions) + self._opening >= self.config.max_sessions:
             return _error(
                 503,
@@ -267,21 +282,11 @@ class Gateway:
             )
         finally:
             self._opening -= 1
-        ex = session.open_exchange(id_key(msg.id), None)
-        first = await self._send_and_wait(session, ex, msg)
-        if first is ENDED or "error" in orjson.loads(first):
-            session.close_exchange(ex)
+        response, answered = await self._exchange(request, session, msg, {SESSION_HEADER: sid})
+        if not answered:
+            # No session without a successful initialize: the upstream is stopped at once.
             self._end_later(session)
-            if first is ENDED:
-                return _error(
-                    502,
-                    errors.INTERNAL_ERROR,
-                    "the upstream ended before it answered initialize",
-                    rpc_id=msg.id,
-                )
-            return web.Response(body=first, content_type="application/json")
-        session.close_exchange(ex)
-        return web.Response(body=first, content_type="application/json", headers={SESSION_HEADER: sid})
+        return response
 
     async def _open(self, sid: str) -> McpSession:
         session = await self._new_session(sid)
@@ -314,19 +319,32 @@ class Gateway:
                 "Bad Request: a request with this id is already in flight",
                 rpc_id=msg.id,
             )
+        response, _ = await self._exchange(request, session, msg, {})
+        return response
+
+    async def _exchange(
+        self, request: web.Request, session: McpSession, msg: Message, headers: dict[str, str]
+    ) -> tuple[web.StreamResponse, bool]:
+        """Send one request and answer the POST with what comes back for it: the answer alone as
+        JSON, or everything before it and the answer as an SSE stream. True when a result came."""
         params = msg.obj.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        ex = session.open_exchange(key, token)
+        ex = session.open_exchange(id_key(msg.id), token)
         try:
             first = await self._send_and_wait(session, ex, msg)
             if first is ENDED:
-                return _error(404, errors.INTERNAL_ERROR, "Session ended before the answer", rpc_id=msg.id)
+                return _error(
+                    502, errors.INTERNAL_ERROR, "the session ended before the answer", rpc_id=msg.id
+                ), False
             if _is_response(first):
-                return web.Response(body=first, content_type="application/json")
+                return web.Response(body=first, content_type="application/json", headers=headers), _is_result(
+                    first
+                )
             # Something came before the answer (progress, a server's request): stream them all.
             response = web.StreamResponse(
                 headers={
+                    **headers,
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-cache",
                     "X-Accel-Buffering": "no",
@@ -334,10 +352,12 @@ class Gateway:
             )
             await response.prepare(request)
             line = first
+            answered = False
             try:
                 while True:
                     await response.write(b"event: message\ndata: " + line + b"\n\n")
                     if _is_response(line):
+                        answered = _is_result(line)
                         break
                     line = await ex.queue.get()
                     session.delivered()
@@ -347,7 +367,7 @@ class Gateway:
             except ConnectionResetError:
                 # The client went away; on this revision that is not a cancellation (the call runs on).
                 log.info("stream_closed_by_client", mcp_session=session.sid)
-            return response
+            return response, answered
         finally:
             session.close_exchange(ex)
 
@@ -409,6 +429,14 @@ class Gateway:
                 audit.append(event)
             except Exception as exc:
                 log.error("audit_append_failed", error=str(exc), audit_event="reject")
+
+
+def _is_result(line: bytes) -> bool:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "result" in obj
 
 
 def _is_response(line: bytes) -> bool:
