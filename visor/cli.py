@@ -3,46 +3,57 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from visor import __version__
 from visor.wire.framer import DEFAULT_MAX_MESSAGE_BYTES
 
 
-class _StderrParser(argparse.ArgumentParser):
-    """`visor run` owns stdout for the protocol: even its help goes to stderr."""
+class _HelpToStderr(argparse.Action):
+    """-h/--help for `visor run`, which owns stdout for the protocol: its help goes to stderr."""
 
-    def print_help(self, file: object = None) -> None:
-        super().print_help(sys.stderr)
+    def __init__(
+        self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object
+    ) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show this help message and exit"
+        )
 
-    def print_usage(self, file: object = None) -> None:
-        super().print_usage(sys.stderr)
-
-
-def visor_home() -> Path:
-    return Path(os.environ.get("VISOR_HOME") or Path.home() / ".visor")
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        parser.print_help(sys.stderr)
+        parser.exit()
 
 
 def add_command(
-    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
     name: str,
     help: str,
     description: str,
     example: str,
-    **kwargs: object,
+    *,
+    usage: str | None = None,
+    help_to_stderr: bool = False,
 ) -> argparse.ArgumentParser:
     """A subcommand with a one-line help, a description and an example in its --help."""
-    return subparsers.add_parser(
+    parser = subparsers.add_parser(
         name,
         help=help,
         description=description,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        **kwargs,  # type: ignore[arg-type]
+        usage=usage,
+        add_help=not help_to_stderr,
     )
+    if help_to_stderr:
+        parser.add_argument("-h", "--help", action=_HelpToStderr)
+    return parser
 
 
 def _positive_int(text: str) -> int:
@@ -52,7 +63,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = add_command(
         sub,
         "run",
@@ -61,8 +72,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "protocol wire: help, logs and one line per denied call or approval question go to stderr.",
         "visor run --server-name time --pin-file ~/.visor/pins/time.json -- uvx mcp-server-time",
         usage="visor run [OPTIONS] -- COMMAND [ARGS...]",
+        help_to_stderr=True,
     )
-    run.__class__ = _StderrParser
     run.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
     run.add_argument(
         "--audit-log",
@@ -262,7 +273,7 @@ _COMMAND_MODULES = (
 )
 
 
-def _optional_registrations() -> list:  # type: ignore[type-arg]
+def _optional_registrations() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     import importlib
 
     registrations = []

@@ -11,6 +11,7 @@ import sys
 from typing import Literal
 
 import structlog
+from structlog.typing import EventDict
 
 from visor.display import escape
 
@@ -27,7 +28,7 @@ def _safe(value: object, keep: str = "") -> object:
     return escape(repr(value))
 
 
-def escape_controls(_logger: object, _name: str, event_dict: dict) -> dict:  # type: ignore[type-arg]
+def escape_controls(_logger: object, _name: str, event_dict: EventDict) -> EventDict:
     """Every value a log line shows, with control characters made visible.
 
     Values come from the agent, the client and the server (tool names,
@@ -65,4 +66,7 @@ def configure(level: str = "info", fmt: LogFormat = "console") -> None:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)
+    # structlog types get_logger as Any: what it gives is a lazy proxy that
+    # becomes the filtering bound logger configure() sets up.
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
+    return logger

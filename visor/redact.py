@@ -157,6 +157,7 @@ def literal_prefix(regex: re.Pattern[str]) -> str:
     if regex.flags & re.IGNORECASE:
         return ""
     try:
+        # typeshed has no stub for re._parser (private); the ignore is for that alone
         from re import _parser  # type: ignore[attr-defined]
 
         parsed = _parser.parse(regex.pattern, regex.flags)

@@ -21,31 +21,13 @@ import atexit
 import contextlib
 import json
 import os
-import re
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from visor.userfiles import ensure_dir, run_dir
-
-# ------------------------------------------------------------------ times
-
-_RELATIVE = re.compile(r"\A\s*(\d+)\s*([smhdw])\s*\Z")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-def absolute_time(text: str | None, now: datetime | None = None) -> str | None:
-    """`1h`, `30m`, `2d` ... as an ISO time that long ago; anything else unchanged."""
-    if text is None:
-        return None
-    m = _RELATIVE.match(text)
-    if not m:
-        return text
-    when = (now or datetime.now(UTC)) - timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
-    return when.isoformat()
-
 
 # ------------------------------------------------------------------ run registry
 
@@ -355,7 +337,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     since = None
     if args.since:
         try:
-            since = parse_time(absolute_time(args.since) or "")
+            since = parse_time(args.since)
         except ValueError as exc:
             print(
                 f"visor watch: bad --since {args.since!r}: {exc} (use 1h, 30m, 2d or a date)", file=sys.stderr
@@ -374,7 +356,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from visor.cli import add_command
 
     w = add_command(

@@ -114,6 +114,21 @@ def test_watch_prints_decisions_of_every_log_escaped() -> None:
     assert "get_current_time" not in old.stdout and "send" in old.stdout
 
 
+def test_watch_reads_since_as_the_audit_commands_do() -> None:
+    # One reader of times (visor.audit.reader.parse_time): combined durations
+    # and spaces work here as in `visor audit show`, and a bad or overflowing
+    # value is a usage error naming the accepted forms, never a traceback.
+    _two_logs()
+    for since in ("1h30m", " 2 h ", "1W"):
+        out = visor("watch", "--since", since, "--no-follow")
+        assert out.returncode == 0 and "get_current_time" in out.stdout, (since, out.stderr)
+    for bad in ("1x", "99999999999999d", "yesterday"):
+        out = visor("watch", "--since", bad, "--no-follow")
+        assert out.returncode == 2 and out.stdout == "", bad
+        assert "bad --since" in out.stderr and "a duration before now" in out.stderr, bad
+        assert "Traceback" not in out.stderr
+
+
 def test_watch_follows_new_records(tmp_path: Path) -> None:
     a, _ = _two_logs()
     env = {**os.environ, "PATH": f"{VISOR_EXE.parent}{os.pathsep}{os.environ['PATH']}"}
@@ -218,7 +233,8 @@ def test_conventions() -> None:
     typo = visor("aprove")
     assert typo.returncode == 2 and "did you mean 'approve'" in typo.stderr
     for cmd in ("init", "doctor", "audit", "report", "approve", "deny", "watch", "lint", "pins", "run"):
-        help_text = (lambda r: r.stdout + r.stderr)(visor(cmd, "--help"))
+        shown = visor(cmd, "--help")
+        help_text = shown.stdout + shown.stderr
         assert "example:" in help_text, cmd
         assert "usage:" in help_text
 

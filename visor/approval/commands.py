@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from visor import display
@@ -17,7 +18,7 @@ def _printable(value: object) -> str:
     return display.escape_value(value)
 
 
-def _focus(rec: dict) -> list[str]:  # type: ignore[type-arg]
+def _focus(rec: Mapping[str, object]) -> list[str]:
     focus = rec.get("focus")
     return [f for f in focus if type(f) is str] if type(focus) is list else []
 
@@ -25,14 +26,14 @@ def _focus(rec: dict) -> list[str]:  # type: ignore[type-arg]
 def _live(path: Path, now: float) -> list[directory.Pending]:
     out = []
     for p in directory.list_pending(path):
-        expires = p.record.get("expires")
-        if type(expires) in (int, float) and expires < now:
+        expires = model.expiry(p.record)
+        if expires is not None and expires < now:
             continue  # its Visor has already denied the call (or is gone)
         out.append(p)
     return out
 
 
-def _header(rec: dict) -> None:  # type: ignore[type-arg]
+def _header(rec: Mapping[str, object]) -> None:
     print(f"  server: {_printable(rec.get('server') or '-')}  tool: {_printable(rec.get('tool'))}")
     if rec.get("destination"):
         print(
@@ -79,7 +80,7 @@ def _list(path: Path, as_json: bool) -> int:
         return 0
     for p in live:
         rec = p.record
-        expires = rec.get("expires")
+        expires = model.expiry(rec)
         state = "answered, waiting for Visor" if p.answered else "pending"
         print(f"{p.id}  {state}")
         _header(rec)
@@ -89,7 +90,7 @@ def _list(path: Path, as_json: bool) -> int:
             print(f"  {line}")
         if hidden:
             print(f"  NOT SHOWN: {hidden} characters hidden; see everything: visor approve --show {p.id}")
-        if type(expires) in (int, float):
+        if expires is not None:
             print(f"  expires in {max(0, int(expires - now))} s")
         if rec.get("rememberable"):
             if rec.get("destination"):
@@ -190,7 +191,7 @@ def cmd_deny(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from visor.cli import add_command
 
     dir_help = (

@@ -169,8 +169,8 @@ class DirectoryChannel:
                 continue
             found = _read_small(Path(name), self._dir_fd)
             record = model.parse_pending(found[0]) if found else None
-            expires = record.get("expires") if record else None
-            if type(expires) in (int, float) and expires < now:
+            expires = model.expiry(record) if record else None
+            if expires is not None and expires < now:
                 stem = name[: -len(".pending")]
                 for leftover in (name, f"{stem}.answer"):
                     with contextlib.suppress(FileNotFoundError):
@@ -245,7 +245,7 @@ class DirectoryChannel:
 @dataclass(frozen=True, slots=True)
 class Pending:
     id: str
-    record: dict  # type: ignore[type-arg]
+    record: dict[str, object]
     answered: bool
 
 
@@ -269,7 +269,7 @@ class AnswerError(Exception):
     pass
 
 
-def answer(path: Path, approval_id: str, approved: bool, remember: bool) -> dict:  # type: ignore[type-arg]
+def answer(path: Path, approval_id: str, approved: bool, remember: bool) -> dict[str, object]:
     """Write the answer file for one pending request; returns its pending record."""
     if not model.valid_id(approval_id):
         raise AnswerError(f"{approval_id!r} is not an approval id (32 hex digits)")
@@ -277,9 +277,10 @@ def answer(path: Path, approval_id: str, approved: bool, remember: bool) -> dict
     record = model.parse_pending(found[0]) if found else None
     if record is None or record["id"] != approval_id:
         raise AnswerError(f"no pending request {approval_id} in {path} (answered, withdrawn or expired)")
-    if type(record.get("expires")) in (int, float) and record["expires"] < time.time():
+    expires = model.expiry(record)
+    if expires is not None and expires < time.time():
         raise AnswerError(f"request {approval_id} has expired; the call was denied")
-    body = model.answer_record(approval_id, record["call_hash"], approved, remember)
+    body = model.answer_record(approval_id, str(record["call_hash"]), approved, remember)
     try:
         _write_new(path / f"{approval_id}.answer", body)
     except FileExistsError:

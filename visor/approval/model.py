@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -387,7 +388,15 @@ def pending_record(req: ApprovalRequest, pid: int) -> bytes:
     )
 
 
-def parse_pending(data: bytes) -> dict[str, Any] | None:
+def expiry(record: Mapping[str, object]) -> float | None:
+    """A pending record's expiry time; None when it has none that is a number."""
+    expires = record.get("expires")
+    # bool is an int to Python, not a time to us
+    return expires if isinstance(expires, int | float) and not isinstance(expires, bool) else None
+
+
+def parse_pending(data: bytes) -> dict[str, object] | None:
+    """A pending file's record; only its format, id and call hash are checked."""
     try:
         obj = json.loads(data)
     except ValueError:
@@ -401,7 +410,8 @@ def parse_pending(data: bytes) -> dict[str, Any] | None:
         or not _HASH_RE.match(obj["call_hash"])
     ):
         return None
-    return obj
+    record: dict[str, object] = obj
+    return record
 
 
 def answer_record(approval_id: str, hash_: str, approved: bool, remember: bool) -> bytes:

@@ -27,7 +27,6 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 from visor.policy.paths import PathError, forms
@@ -74,7 +73,7 @@ class Protected:
     def __bool__(self) -> bool:
         return bool(self.dirs or self.files)
 
-    def named_by(self, arguments: Any) -> str | None:
+    def named_by(self, arguments: object) -> str | None:
         """The first argument string that names a protected location, or None."""
         cwd = os.getcwd()
         cached = _LOOSE.get(id(self))
@@ -97,17 +96,17 @@ class Protected:
                 _LOOSE.clear()
             _LOOSE[id(self)] = (self, cwd, loose, bare)
         ids: list[frozenset[tuple[int, int]]] = []  # the files' identities, read once per call if needed
-        stack = [arguments]
+        stack: list[object] = [arguments]
         while stack:
             node = stack.pop()
-            t = type(node)
-            if t is str:
+            # exact types, as JSON decoding makes them
+            if type(node) is str:
                 if self._names(node, cwd, loose, ids) or (bare and _names_bare(node, bare)):
                     return node
-            elif t is dict:
+            elif type(node) is dict:
                 stack.extend(node.keys())
                 stack.extend(node.values())
-            elif t is list:
+            elif type(node) is list:
                 stack.extend(node)
         return None
 

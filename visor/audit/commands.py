@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from visor.audit.paths import audit_dir, chain_files
 
@@ -67,7 +69,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return status
 
 
-def _ts(rec: dict) -> str:  # type: ignore[type-arg]
+def _ts(rec: Mapping[str, object]) -> str:
     return str(rec.get("ts", ""))
 
 
@@ -84,7 +86,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"visor audit show: {exc}", file=sys.stderr)
         return 2
-    records: list[dict] = []  # type: ignore[type-arg]
+    records: list[dict[str, Any]] = []
     malformed = 0
     for target in targets:
         files = chain_files(target)
@@ -270,7 +272,7 @@ _UNTIL_HELP = "before this time: 30m, 1h, 2d ago, YYYY-MM-DD (that day included)
 _FILES_HELP = "audit logs (default: every log under $VISOR_HOME/audit/, one per server)"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from visor.cli import add_command
 
     audit = add_command(

@@ -49,17 +49,6 @@ def default_audit_chains() -> list[Path]:
     return [audit_dir() / n for n in sorted(lives)]
 
 
-def default_audit_path() -> Path:
-    """The one default log, when there is exactly one; else name one with --file/--audit."""
-    logs = default_audit_logs()
-    if len(logs) == 1:
-        return logs[0]
-    if not logs:
-        return audit_dir() / "default.jsonl"
-    names = ", ".join(p.name for p in logs)
-    raise SystemExit(f"visor: several audit logs in {audit_dir()} ({names}); name one with --file or --audit")
-
-
 def lock_path(path: Path) -> Path:
     # A separate lock file, because the live file itself is renamed on rotation.
     return path.with_name(path.name + ".lock")

@@ -195,7 +195,8 @@ def structure_problem(path: Path) -> Problem | None:
     if _ROTATED.search(path.name):
         return None  # a rotated file checked on its own
     rotated = rotated_files(path)
-    numbers = [int(_ROTATED.search(p.name).group(1)) for p in rotated]  # type: ignore[union-attr]
+    # rotated_files() lists only names that end in .N
+    numbers = [int(p.name.rsplit(".", 1)[1]) for p in rotated]
     for prev, cur in itertools.pairwise(numbers):
         if cur != prev + 1:
             missing = path.with_name(f"{path.name}.{prev + 1}")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from visor import __version__
 from visor.audit import record as rec
-from visor.audit.paths import default_audit_path, lock_path, next_rotated_name, rotated_files
+from visor.audit.paths import lock_path, next_rotated_name, rotated_files
 from visor.audit.tail import TailTooLong, read_first_line, read_tail
 from visor.audit.verify import link_problem
 
@@ -44,7 +44,6 @@ __all__ = [
     "AuditStats",
     "AuditUnhealthy",
     "AuditWriter",
-    "default_audit_path",
     "new_session_id",
 ]
 

@@ -35,13 +35,14 @@ async def _main(argv: list[str]) -> int:
     )
     assert proc.stdin is not None and proc.stdout is not None
     client_out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(1, "wb", 0))
-    up_done = loop.create_future()
-    down_done = loop.create_future()
-    server_in = proc.stdin.transport  # type: ignore[attr-defined]
+    up_done: asyncio.Future[None] = loop.create_future()
+    down_done: asyncio.Future[None] = loop.create_future()
+    server_in = proc.stdin.transport
+    server_out = proc.stdout
     await loop.connect_read_pipe(lambda: _Copy(server_in, up_done), os.fdopen(0, "rb", 0))
 
     async def pump_down() -> None:
-        while chunk := await proc.stdout.read(256 * 1024):  # type: ignore[union-attr]
+        while chunk := await server_out.read(256 * 1024):
             client_out.write(chunk)
         down_done.set_result(None)
 

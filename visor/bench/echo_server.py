@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 import orjson
 
-TOOLS = {
+TOOLS: dict[str, list[dict[str, object]]] = {
     "tools": [
         {"name": "echo", "description": "Echo", "inputSchema": {"type": "object"}},
         {"name": "big", "description": "Large response", "inputSchema": {"type": "object"}},
@@ -32,7 +33,7 @@ TOOLS = {
 }
 
 
-def _ticket(n: object) -> dict:
+def _ticket(n: object) -> dict[str, object]:
     # 4 KB of untrusted text with a few destinations in it, different per call,
     # so that the provenance index grows as it would in a long session.
     text = (
@@ -44,8 +45,8 @@ def _ticket(n: object) -> dict:
 
 def main() -> None:
     big_text = "x" * int(os.environ.get("BENCH_BIG_BYTES", str(1 << 20)))
-    small = {"content": [{"type": "text", "text": "ok"}], "isError": False}
-    big = {"content": [{"type": "text", "text": big_text}], "isError": False}
+    small: dict[str, object] = {"content": [{"type": "text", "text": "ok"}], "isError": False}
+    big: dict[str, object] = {"content": [{"type": "text", "text": big_text}], "isError": False}
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
     while True:
@@ -56,6 +57,7 @@ def main() -> None:
         if "id" not in msg or "method" not in msg:
             continue
         method = msg["method"]
+        result: Mapping[str, object]
         if method == "tools/call":
             name = msg["params"]["name"]
             if name == "big":

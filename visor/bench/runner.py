@@ -114,19 +114,20 @@ async def _call(proc: asyncio.subprocess.Process, line: bytes) -> bytes:
 
 async def _pipeline(proc: asyncio.subprocess.Process, lines: list[bytes], window: int) -> list[bytes]:
     assert proc.stdin is not None and proc.stdout is not None
+    server_in, server_out = proc.stdin, proc.stdout  # narrowed once, for the closures below
     slots = asyncio.Semaphore(window)
     answers: list[bytes] = []
 
     async def writer() -> None:
         for line in lines:
             await slots.acquire()
-            proc.stdin.write(line)  # type: ignore[union-attr]
-            if proc.stdin.transport.get_write_buffer_size() > 1 << 20:  # type: ignore[union-attr]
-                await proc.stdin.drain()  # type: ignore[union-attr]
+            server_in.write(line)
+            if server_in.transport.get_write_buffer_size() > 1 << 20:
+                await server_in.drain()
 
     async def reader() -> None:
         for _ in range(len(lines)):
-            answers.append(await proc.stdout.readline())  # type: ignore[union-attr]
+            answers.append(await server_out.readline())
             slots.release()
 
     await asyncio.gather(writer(), reader())

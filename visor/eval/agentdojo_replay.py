@@ -135,7 +135,8 @@ def _sent_id(out: Outcome, fallback: str) -> str:
 
 
 def _next_email_id(env: Any) -> str:
-    return env.inbox._get_next_id()
+    next_id: str = env.inbox._get_next_id()
+    return next_id
 
 
 async def _exfiltrate_emails(
@@ -600,7 +601,7 @@ def jobs_for(
     injections = sorted(suite.injection_tasks, key=task_key)
     if injections_only is not None:
         injections = [i for i in injections if str(task_key(i)) in injections_only]
-    jobs = []
+    jobs: list[tuple[str, str | None, str, str]] = []
     for mode in modes:
         for u in users:
             jobs.append((u, None, mode, str(policy)))

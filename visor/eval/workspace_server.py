@@ -97,7 +97,7 @@ TOOLS = [
 ]
 
 
-class WorkspaceEnv(TaskEnvironment):
+class WorkspaceEnv(TaskEnvironment):  # type: ignore[misc]  # agentdojo ships no type information
     """Field for field AgentDojo's `WorkspaceEnvironment` (which lives in a module that loads the whole suite)."""
 
     inbox: Inbox
@@ -192,7 +192,7 @@ class Server:
         elif method == "tools/call":
             name = params.get("name")
             arguments = params.get("arguments") or {}
-            if name not in self.runtime.functions:
+            if not isinstance(name, str) or name not in self.runtime.functions:
                 return {
                     "jsonrpc": "2.0",
                     "id": mid,

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class StoreFigures:
     record100_us: float
 
 
-def _per_call(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+def _per_call(fn: Callable[[int], object], n: int) -> float:
     # CPU time of this process (user and system: the SQLite system calls
     # count): on a shared machine, wall time mostly measures the neighbours.
     start = time.process_time()

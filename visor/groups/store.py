@@ -69,6 +69,8 @@ JOIN_TIMEOUT_S = 5.0
 STALE_AFTER_S = 6 * 3600.0
 
 _DIGEST_SIZE = 16
+#: What SQLite stores and gives back: its five storage classes.
+SqlValue = int | float | str | bytes | None
 _SUFFIXES = ("-wal", "-shm", "-journal")
 LOST_SUFFIX = "-lost"
 
@@ -473,7 +475,7 @@ class GroupStore:
                 raise self._fail_write(exc, what) from exc
             raise
 
-    def _read(self, sql: str, params: tuple = ()) -> list[tuple] | None:
+    def _read(self, sql: str, params: tuple[SqlValue, ...] = ()) -> list[tuple[SqlValue, ...]] | None:
         try:
             return self._c().execute(sql, params).fetchall()
         except (sqlite3.Error, GroupStoreError) as exc:
@@ -561,7 +563,8 @@ class GroupStore:
 
     def count(self) -> int | None:
         rows = self._read("SELECT v FROM meta WHERE k = 'count'")
-        return None if not rows else int(rows[0][0])
+        value = rows[0][0] if rows else None
+        return None if value is None else int(value)
 
     # ------------------------------------------------------------- taints
 
@@ -605,7 +608,7 @@ class GroupStore:
         """Whether a human of this group approved ``dest`` (for ``tool``/``argument``
         when given, through any server); None when the store cannot tell."""
         sql = "SELECT EXISTS (SELECT 1 FROM approvals WHERE dest = ?"
-        params: tuple = (dest,)
+        params: tuple[SqlValue, ...] = (dest,)
         if tool is not None:
             sql += " AND tool = ?"
             params += (tool,)

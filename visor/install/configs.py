@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from visor.install.jsonc import Document, JsoncError, Member, Node, parse, position
+from visor.install.jsonc import Document, JsoncError, Member, Node, parse
 
 UPSTREAM_KEY = "x-visor-upstream"
 _REMOTE_TYPES = frozenset({"http", "sse", "streamable-http", "streamablehttp", "ws", "websocket"})
@@ -43,8 +43,14 @@ class Entry:
     note: str = ""
 
     @property
-    def value(self) -> Any:
+    def value(self) -> object:
         return self.member.value.value
+
+    @property
+    def fields(self) -> dict[str, object]:
+        """The entry's members; empty when the entry is not an object."""
+        v = self.member.value.value
+        return v if isinstance(v, dict) else {}
 
     @property
     def label(self) -> str:
@@ -52,7 +58,7 @@ class Entry:
 
     def summary(self) -> str:
         """The command line the entry runs, or its URL, shortened for a listing."""
-        v = self.value if isinstance(self.value, dict) else {}
+        v = self.fields
         if self.kind == "remote":
             return str(v.get("url", v.get("type", "")))
         if self.kind == "wrapped":
@@ -75,7 +81,7 @@ class Config:
     blocks: tuple[tuple[str, ...], ...]
 
 
-def command_line(entry: dict) -> list[str]:
+def command_line(entry: Mapping[str, object]) -> list[str]:
     cmd = entry.get("command")
     args = entry.get("args", [])
     if not isinstance(cmd, str) or not isinstance(args, list):
@@ -83,7 +89,7 @@ def command_line(entry: dict) -> list[str]:
     return [cmd, *(str(a) for a in args)]
 
 
-def _is_visor_command(entry: dict) -> bool:
+def _is_visor_command(entry: Mapping[str, object]) -> bool:
     cmd = entry.get("command")
     args = entry.get("args")
     if not isinstance(cmd, str) or not isinstance(args, list) or not args:
@@ -123,7 +129,7 @@ class Seed:
     """An entry wrapped by mcp-bouncer or mcp-visor, and the real server inside it."""
 
     tool: str  # "mcp-bouncer" | "mcp-visor"
-    upstream: dict[str, Any]  # the real server's entry: command, args, env, cwd, other keys
+    upstream: dict[str, object]  # the real server's entry: command, args, env, cwd, other keys
     policy: str | None  # the wrapper's own policy file, if it named one
     dropped: tuple[str, ...]  # the wrapper's other options, which Visor does not carry over
 
@@ -132,11 +138,11 @@ def _basename(cmd: str) -> str:
     return cmd.replace("\\", "/").rsplit("/", 1)[-1].lower()
 
 
-def _outer(value: dict, *skip: str) -> dict[str, Any]:
+def _outer(value: Mapping[str, object], *skip: str) -> dict[str, object]:
     return {k: v for k, v in value.items() if k not in ("command", "args", *skip)}
 
 
-def _bouncer_seed(value: dict) -> Seed | str:
+def _bouncer_seed(value: Mapping[str, object]) -> Seed | str:
     up = value.get(BOUNCER_KEY)
     if not isinstance(up, dict) or not isinstance(up.get("command"), str):
         return f"wrapped by mcp-bouncer, but {BOUNCER_KEY} has no command: restore the entry by hand"
@@ -144,12 +150,13 @@ def _bouncer_seed(value: dict) -> Seed | str:
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         return f"wrapped by mcp-bouncer, but {BOUNCER_KEY}.args is not a list of strings"
     # the real entry: bouncer's copy, then what the client entry adds (type, disabled, ...)
-    real = {"command": up["command"], "args": list(args)}
+    real: dict[str, object] = {"command": up["command"], "args": list(args)}
     real.update({k: v for k, v in up.items() if k not in ("command", "args")})
     real.update({k: v for k, v in _outer(value, BOUNCER_KEY).items() if k not in real})
     policy = None
     dropped: list[str] = []
-    outer_args = value.get("args") if isinstance(value.get("args"), list) else []
+    given = value.get("args")
+    outer_args = given if isinstance(given, list) else []
     i = 0
     while i < len(outer_args):
         a = str(outer_args[i])
@@ -165,7 +172,7 @@ def _bouncer_seed(value: dict) -> Seed | str:
     return Seed("mcp-bouncer", real, policy, tuple(dropped))
 
 
-def _mcp_visor_seed(value: dict) -> Seed | str:
+def _mcp_visor_seed(value: Mapping[str, object]) -> Seed | str:
     args = value.get("args")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         return "wrapped by mcp-visor, but args is not a list of strings"
@@ -193,14 +200,14 @@ def _mcp_visor_seed(value: dict) -> Seed | str:
     server = flags.get("server", [""])[-1]
     if not server:
         return "wrapped by mcp-visor, but without -server: no server command to wrap"
-    real = {"command": server, "args": list(flags.get("server-arg", []))}
+    real: dict[str, object] = {"command": server, "args": list(flags.get("server-arg", []))}
     real.update(_outer(value))
     dropped = tuple(f"-{k}" for k in flags if k not in ("server", "server-arg", "policy"))
     policy = flags["policy"][-1] if "policy" in flags else None
     return Seed("mcp-visor", real, policy, dropped)
 
 
-def seed_wrapper(value: Any) -> Seed | str | None:
+def seed_wrapper(value: object) -> Seed | str | None:
     """The seed wrapper around an entry (or why it cannot be unwrapped); None if there is none."""
     if not isinstance(value, dict):
         return None
@@ -217,13 +224,13 @@ def seed_wrapper(value: Any) -> Seed | str | None:
     return None
 
 
-def real_server(value: Any) -> dict:
+def real_server(value: object) -> dict[str, object]:
     """The server an entry runs in the end: inside a seed wrapper, the wrapped one."""
     seed = seed_wrapper(value)
     return seed.upstream if isinstance(seed, Seed) else value if isinstance(value, dict) else {}
 
 
-def classify(value: Any) -> tuple[str, str]:
+def classify(value: object) -> tuple[str, str]:
     if not isinstance(value, dict):
         return "other", "not an object"
     if UPSTREAM_KEY in value:
@@ -345,7 +352,7 @@ def _unshift(text: str, prefix: str) -> str:
     return "\n".join([lines[0], *(ln[len(prefix) :] if ln.startswith(prefix) else ln for ln in lines[1:])])
 
 
-def _dump(value: Any, indent: str | None, depth_indent: str, nl: str) -> str:
+def _dump(value: object, indent: str | None, depth_indent: str, nl: str) -> str:
     if indent is None:
         return json.dumps(value, ensure_ascii=False)
     text = _shift(json.dumps(value, ensure_ascii=False, indent=indent), depth_indent)
@@ -406,7 +413,7 @@ class Update:
         return any((self.visor_command, self.policy, self.approval_dir, self.pin_dir, self.no_pin_file))
 
 
-def current_options(entry: dict) -> tuple[dict[str, str], list[str]] | None:
+def current_options(entry: Mapping[str, object]) -> tuple[dict[str, str], list[str]] | None:
     """The managed options of a wrapped entry, and any other option (None if unreadable)."""
     split = wrapped_run_args(entry)
     if split is None:
@@ -433,7 +440,7 @@ def current_options(entry: dict) -> tuple[dict[str, str], list[str]] | None:
 
 def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]:
     """The options to re-wrap `e` with, or (None, why it is left alone)."""
-    value = e.value
+    value = e.fields
     up = value.get(UPSTREAM_KEY)
     found = current_options(value)
     if found is None:
@@ -462,9 +469,9 @@ def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]
     return options, ""
 
 
-def wrapped_value(entry: dict, name: str, options: WrapOptions) -> dict:
+def wrapped_value(entry: dict[str, object], name: str, options: WrapOptions) -> dict[str, object]:
     """The wrapped entry as data (what the wrapped text parses to)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in entry.items():
         if k == "command":
             out["command"] = options.visor_command
@@ -515,7 +522,7 @@ def _wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     nl = _newline(text)
     members = node.members
     old_args = node.member("args")
-    new_args = visor_args(entry.name, command_line(entry.value), options.policy, options)
+    new_args = visor_args(entry.name, command_line(entry.fields), options.policy, options)
     multiline = "\n" in original
     outer = _line_indent(text, entry.member.key_start)
     unit = _entry_unit(text, node, outer) if multiline else ""
@@ -653,8 +660,8 @@ def plan_wrap(
             update is not None
             and update.any
             and e.kind == "wrapped"
-            and _is_visor_command(e.value)
-            and isinstance(e.value.get(UPSTREAM_KEY), dict)
+            and _is_visor_command(e.fields)
+            and isinstance(e.fields.get(UPSTREAM_KEY), dict)
         ):
             new_options, why = _updated_options(e, update)
             if new_options is None:
@@ -667,7 +674,7 @@ def plan_wrap(
                 continue
             edits.append((node.start, node.end, rewrapped))
             changed.append(e)
-        elif e.kind == "wrapped" and not _is_visor_command(e.value):
+        elif e.kind == "wrapped" and not _is_visor_command(e.fields):
             # The marker is there, the protection is not: someone edited the
             # command. Saying "already wrapped" here would hide that.
             skipped.append(
@@ -702,19 +709,17 @@ def plan_undo(config: Config, names: list[str] | None) -> Plan:
     return Plan(_splice(text, edits), tuple(changed), tuple(skipped))
 
 
-def wrapped_run_args(entry: dict) -> tuple[list[str], list[str]] | None:
+def wrapped_run_args(entry: Mapping[str, object]) -> tuple[list[str], list[str]] | None:
     """``(visor run options, upstream argv)`` of a wrapped entry, split at ``--``."""
     if not _is_visor_command(entry):
         return None
-    args = [str(a) for a in entry["args"][1:]]
+    given = entry["args"]
+    assert isinstance(given, list)  # _is_visor_command checked it
+    args = [str(a) for a in given[1:]]
     if "--" not in args:
         return args, []
     i = args.index("--")
     return args[:i], args[i + 1 :]
-
-
-def line_of(config: Config, entry: Entry) -> int:
-    return position(config.doc.text, entry.member.key_start)[0]
 
 
 # ------------------------------------------------------------- locations

@@ -172,7 +172,7 @@ class Doctor:
         self.wrapped(path, subject, e, ctx)
 
     def wrapped(self, path: Path, subject: str, e: Entry, ctx: vscode_vars.Context | None = None) -> None:
-        value: dict[str, Any] = e.value
+        value = e.fields
         unresolved: list[str] = []
         if ctx is not None:
             # what VS Code does before it starts the entry
@@ -228,7 +228,8 @@ class Doctor:
                 "make them agree, or undo and wrap again",
             )
 
-        env = dict(value["env"]) if isinstance(value.get("env"), dict) else {}
+        given_env = value.get("env")
+        env: dict[str, object] = dict(given_env) if isinstance(given_env, dict) else {}
         env_file = value.get("envFile")
         if ctx is not None and isinstance(env_file, str) and not unresolved:
             try:
@@ -261,7 +262,12 @@ class Doctor:
         program = upstream[0]
         if isinstance(cwd, str) and "/" in program and not os.path.isabs(program):
             program = os.path.join(cwd, program)
-        if _resolve(program, env.get("PATH") or os.environ.get("PATH")) is None:
+        # child_env passes string values only: a PATH that is not one is not the child's
+        env_path = env.get("PATH")
+        if (
+            _resolve(program, env_path if isinstance(env_path, str) and env_path else os.environ.get("PATH"))
+            is None
+        ):
             self.add(
                 "FAIL",
                 subject,
@@ -385,8 +391,8 @@ class Doctor:
         visor_exe: str,
         options: list[str],
         upstream: list[str],
-        env: dict[str, Any],
-        cwd: Any,
+        env: dict[str, object],
+        cwd: object,
     ) -> None:
         from visor.audit.verify import verify_path
 
@@ -416,7 +422,7 @@ class Doctor:
             )
 
     def explain_failure(
-        self, subject: str, err: ClientError, upstream: list[str], env: dict[str, Any], cwd: Any
+        self, subject: str, err: ClientError, upstream: list[str], env: dict[str, object], cwd: object
     ) -> None:
         """Whose fault: the server's own error if it fails on its own too, else Visor's.
 

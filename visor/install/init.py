@@ -201,8 +201,8 @@ def run_init(args: argparse.Namespace) -> int:
     path = Path(os.path.realpath(shown))
     try:
         config, data = read_config(path)
-    except ConfigError as e:
-        print(f"visor init: {str(e).replace(str(path), str(shown), 1)}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"visor init: {str(exc).replace(str(path), str(shown), 1)}", file=sys.stderr)
         return 1
     warning = None
     policy = None
@@ -214,8 +214,8 @@ def run_init(args: argparse.Namespace) -> int:
             options, warning, policy, update = _wrap_options(args)
             plan = plan_wrap(config, args.server, options, update)
             verb = "wrap"
-    except ConfigError as e:
-        print(f"visor init: {e}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"visor init: {exc}", file=sys.stderr)
         return 1
     if not config.entries:
         print(f"{shown}: no MCP servers found (no mcpServers or servers block); nothing to do")
@@ -338,8 +338,8 @@ def run_list() -> int:
         found += 1
         try:
             config, _ = read_config(loc.path)
-        except ConfigError as e:
-            print(f"{loc.client}: {loc.path}: error: {e}")
+        except ConfigError as exc:
+            print(f"{loc.client}: {loc.path}: error: {exc}")
             continue
         print(f"{loc.client}: {loc.path}")
         if not config.entries:
@@ -352,7 +352,7 @@ def run_list() -> int:
                 "remote": "remote (not covered)",
                 "other": "unknown",
             }[e.kind]
-            if e.kind == "wrapped" and wrapped_run_args(e.value) is None:
+            if e.kind == "wrapped" and wrapped_run_args(e.fields) is None:
                 state = "NOT PROTECTED"
             elif e.kind == "seed":
                 state = e.note  # "wrapped by mcp-bouncer": `init` unwraps it and wraps the server

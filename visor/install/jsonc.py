@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 _MAX_DEPTH = 200
 _WS = " \t\n\r"
@@ -56,7 +55,7 @@ class Node:
 
     start: int
     end: int
-    value: Any
+    value: object  # what json.loads gives for this span
     members: tuple[Member, ...] = ()  # objects only, in document order
 
     def member(self, key: str) -> Member | None:
@@ -152,9 +151,10 @@ class _Parser:
             if c == '"':
                 self.pos = i + 1
                 try:
-                    return json.loads(text[start : i + 1])
+                    decoded: str = json.loads(text[start : i + 1])
                 except json.JSONDecodeError as e:
                     raise self.fail(f"bad string: {e.msg}", start + e.pos) from None
+                return decoded
             if c == "\\":
                 i += 2
                 continue
@@ -220,7 +220,7 @@ class _Parser:
     def arr(self, depth: int) -> Node:
         start = self.pos
         self.pos += 1
-        items: list[Any] = []
+        items: list[object] = []
         self.skip()
         if self.peek() == "]":
             self.pos += 1

@@ -121,20 +121,22 @@ def plan_tool(tool: dict[str, Any], packs: dict[str, Pack], active: tuple[str, .
         if entry is None:
             continue
         source = packs[pname].description or pname
-        why = [f"pack {pname} ({source})"]
+        reasons = [f"pack {pname} ({source})"]
         if entry.exfiltrating:
-            sinks = ", ".join(entry.sink_params) or "every address-shaped value"
-            why.append(f"sends: destinations in {sinks} are checked for provenance")
-            why.append("add trusted_destinations for the places it may always send to")
+            sink_names = ", ".join(entry.sink_params) or "every address-shaped value"
+            reasons.append(f"sends: destinations in {sink_names} are checked for provenance")
+            reasons.append("add trusted_destinations for the places it may always send to")
         if entry.write_params:
-            why.append(f"writes through {', '.join(entry.write_params)}: confined to {root} to start with")
+            reasons.append(
+                f"writes through {', '.join(entry.write_params)}: confined to {root} to start with"
+            )
         if not entry.exfiltrating and not entry.write_params:
-            why.append("reads only")
+            reasons.append("reads only")
         # The pack's lists apply by merging; restating them here would only
         # make `visor lint` report the merge. The prefixes are the policy's own.
         return ToolPlan(
             name,
-            tuple(why),
+            tuple(reasons),
             exfiltrating=entry.exfiltrating,
             path_prefixes=(root,) if entry.write_params else (),
         )

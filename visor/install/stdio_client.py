@@ -15,6 +15,7 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,7 +249,7 @@ def _version() -> str:
     return __version__
 
 
-def child_env(extra: dict[str, Any] | None) -> dict[str, str]:
+def child_env(extra: Mapping[str, object] | None) -> dict[str, str]:
     env = dict(os.environ)
     for k, v in (extra or {}).items():
         if isinstance(v, str):

@@ -16,7 +16,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 _VAR = re.compile(r"\$\{([^${}]+)\}")
 
@@ -65,9 +64,13 @@ def _one(name: str, ctx: Context) -> str | None:
     return None
 
 
-def expand(value: Any, ctx: Context, unresolved: list[str] | None = None) -> tuple[Any, list[str]]:
-    """`value` with every variable replaced in its strings; and the ones that could not be."""
-    missing: list[str] = [] if unresolved is None else unresolved
+def expand(entry: dict[str, object], ctx: Context) -> tuple[dict[str, object], list[str]]:
+    """`entry` with every variable replaced in its strings; and the ones that could not be."""
+    missing: list[str] = []
+    return {k: _expand(v, ctx, missing) for k, v in entry.items()}, missing
+
+
+def _expand(value: object, ctx: Context, missing: list[str]) -> object:
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
@@ -78,12 +81,12 @@ def expand(value: Any, ctx: Context, unresolved: list[str] | None = None) -> tup
                 return m.group(0)
             return got
 
-        return _VAR.sub(sub, value), missing
+        return _VAR.sub(sub, value)
     if isinstance(value, list):
-        return [expand(v, ctx, missing)[0] for v in value], missing
+        return [_expand(v, ctx, missing) for v in value]
     if isinstance(value, dict):
-        return {k: expand(v, ctx, missing)[0] for k, v in value.items()}, missing
-    return value, missing
+        return {k: _expand(v, ctx, missing) for k, v in value.items()}
+    return value
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ from visor.migrate.result import Imported, MigrationError
 FORMATS = ("bouncer", "mcp-visor")
 
 
-def add_import(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_import(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from visor.cli import add_command
 
     imp = add_command(
