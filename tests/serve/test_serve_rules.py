@@ -200,3 +200,28 @@ def test_an_upstream_that_cannot_start_fails_initialize_and_the_gateway_stays_up
             assert "mcp-session-id" not in failed.headers
         assert http("GET", gw.base + "/healthz").status == 200
         assert gw.proc.poll() is None
+
+
+def test_bad_options_are_refused_at_start_with_the_reason(tmp_path: Path) -> None:
+    def start(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "visor.cli", "serve", *options],
+            capture_output=True, text=True, timeout=60,
+            env={"VISOR_HOME": str(tmp_path / "home"), "SHORT": "abc"},
+        )  # fmt: skip
+
+    cases = [
+        (["--listen", "nonsense", "--", "true"], "expected HOST:PORT"),
+        (["--client-token-env", "UNSET_VAR", "--", "true"], "is not set or empty"),
+        (["--client-token-env", "SHORT", "--", "true"], "at least 16 characters"),
+        (["--idle-timeout", "0", "--", "true"], "--idle-timeout"),
+        ([], "no server command given"),
+        (["--url", "http://127.0.0.1:1/mcp", "--", "true"], "not both"),
+    ]
+    for options, reason in cases:
+        proc = start(*options)
+        assert proc.returncode == 2 and reason in proc.stderr, (options, proc.stderr)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    proc = start("--audit-log", str(tmp_path / "a.jsonl"), "--approval-dir", str(blocker), "--", "true")
+    assert proc.returncode == 1 and "approval directory refused" in proc.stderr, proc.stderr

@@ -206,20 +206,17 @@ def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstrea
 
 def _session_factory(args: argparse.Namespace, shared: _Shared, gateway_ref: list[Any]) -> Any:
     """One MCP session: the pieces `visor run` builds per process, built per session."""
+    from visor.approval.broker import ApprovalBroker
+    from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
     from visor.core.checks import PolicyChecks
     from visor.pinfile import read_pins, write_pins
     from visor.relay.proxy import RelayConfig
-    from visor.run import (
-        StartupError,
-        _build_approvals,
-        _protected_paths,
-        approved_destinations_path,
-        read_pins_json,
-    )
+    from visor.run import _protected_paths, approved_destinations_path, read_pins_json
     from visor.serve.audit import SessionAudit
     from visor.serve.drivers import HttpSessionRelay, SessionRelay
     from visor.serve.session import McpSession
     from visor.session import SessionState
+    from visor.watch import register_approval_dir
 
     config = RelayConfig(
         max_message_bytes=args.max_message_bytes,
@@ -229,13 +226,24 @@ def _session_factory(args: argparse.Namespace, shared: _Shared, gateway_ref: lis
     protected = _protected_paths(args, shared.audit.path)
     approved_path = approved_destinations_path(args, shared.command)
     log = logs.get_logger("visor.serve")
+    # The approval directory is checked and announced (for `visor approve`) once per process;
+    # each session gets its own broker over it, as each `visor run` does.
+    approval_dir: Path | None = None
+    if args.approval_dir:
+        try:
+            approval_dir = prepare(Path(args.approval_dir))
+        except DirectoryError as exc:
+            raise ServeError(f"approval directory refused: {exc}") from exc
+        register_approval_dir(Path(args.approval_dir), args.server_name)
+    elicitation = True if args.approval_elicitation else None
 
     async def new_session(sid: str) -> McpSession:
         policy = shared.policy
-        try:
-            approvals = _build_approvals(args, policy.settings.approval_timeout_seconds)
-        except StartupError as exc:
-            raise ServeError(str(exc)) from exc
+        approvals = ApprovalBroker(
+            channels=[DirectoryChannel(approval_dir)] if approval_dir is not None else [],
+            timeout=float(policy.settings.approval_timeout_seconds),
+            elicitation=elicitation,
+        )
         state = SessionState(policy, args.server_name, identity=args.identity)
         pin_saver = None
         if args.pin_file:
@@ -348,7 +356,13 @@ async def _serve(
         log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
     shared = _open_shared(args, command, http)
     gateway_ref: list[Any] = []
-    gateway = Gateway(config, _session_factory(args, shared, gateway_ref))
+    try:
+        factory = _session_factory(args, shared, gateway_ref)
+    except BaseException:
+        # A refused option must not leave the audit writer's thread running.
+        await shared.audit.close()
+        raise
+    gateway = Gateway(config, factory)
     gateway_ref.append(gateway)
     runner = web.AppRunner(
         gateway.app(),
