@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import VisorProcess
 
-SERVER = Path(__file__).parent / "server.py"
+SERVER = Path(__file__).parents[1] / "servers" / "approval.py"
 
 POLICY = """\
 version: "1.0"

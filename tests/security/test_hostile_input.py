@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import VisorProcess, received, sentinel
 
-HOSTILE = Path(__file__).parent / "hostile_server.py"
+HOSTILE = Path(__file__).parents[1] / "servers" / "hostile.py"
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import VisorProcess
 from visor.approval import model
 
-HOSTILE = Path(__file__).parent / "hostile_server.py"
+HOSTILE = Path(__file__).parents[1] / "servers" / "hostile.py"
 
 POLICY = """\
 version: "1.0"

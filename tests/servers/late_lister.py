@@ -8,32 +8,18 @@ A tools/call of a listed tool answers with its name and arguments.
 
 import json
 import os
-import sys
+
+from stdio_loop import open_log, reply, requests
 
 MODE = os.environ.get("LISTER_MODE", "ok")
-log_path = os.environ.get("LISTER_LOG")
-log = open(log_path, "ab", buffering=0) if log_path else None  # noqa: SIM115
-out = sys.stdout.buffer
+log = open_log("LISTER_LOG")
 
 PAGE_1 = [{"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}}]
 PAGE_2 = [{"name": "second_page", "description": "Listed on page 2", "inputSchema": {"type": "object"}}]
 
 
-def reply(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
-for raw in sys.stdin.buffer:
-    if log:
-        log.write(raw)
-    try:
-        msg = json.loads(raw)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
-        continue
-    mid, method, params = msg["id"], msg["method"], msg.get("params") or {}
+for msg in requests(log):
+    mid, method, params = msg.id, msg.method, msg.params
     if method == "initialize":
         result = {
             "protocolVersion": "2025-11-25",

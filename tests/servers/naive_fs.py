@@ -12,9 +12,9 @@ Tools: write_file {path, content}, read_file {path}.
 
 import json
 import os
-import sys
 
-out = sys.stdout.buffer
+from stdio_loop import reply, requests
+
 log_path = os.environ.get("NAIVE_LOG")
 
 TOOLS = [
@@ -39,11 +39,6 @@ TOOLS = [
 ]
 
 
-def reply(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
 def text(mid: object, body: str, error: bool = False) -> None:
     reply(
         {
@@ -54,14 +49,8 @@ def text(mid: object, body: str, error: bool = False) -> None:
     )
 
 
-for raw in sys.stdin.buffer:
-    try:
-        msg = json.loads(raw)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
-        continue
-    mid, method, params = msg["id"], msg["method"], msg.get("params") or {}
+for msg in requests():
+    mid, method, params = msg.id, msg.method, msg.params
     if method == "initialize":
         reply(
             {

@@ -12,6 +12,8 @@ import os
 import signal
 import sys
 
+from stdio_loop import messages, open_log, read_line, reply
+
 if os.environ.get("RECORDER_IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Stay alive after stdin closes too, like a server that never looks at EOF.
@@ -23,9 +25,7 @@ if os.environ.get("RECORDER_PID_FILE"):
     with open(os.environ["RECORDER_PID_FILE"], "w") as fh:
         fh.write(str(os.getpid()))
 
-log_path = os.environ.get("RECORDER_LOG")
-log = open(log_path, "ab", buffering=0) if log_path else None  # noqa: SIM115
-out = sys.stdout.buffer
+log = open_log("RECORDER_LOG")
 
 TOOLS = [
     {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}},
@@ -35,30 +35,13 @@ TOOLS = [
 ]
 
 
-def reply(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
-for raw in sys.stdin.buffer:
-    if log:
-        log.write(raw)
-    line = raw.strip()
-    if not line:
-        continue
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "method" not in msg:
-        continue
-    method = msg["method"]
+for msg in messages(log):
+    method, params = msg.method, msg.params
     if method == os.environ.get("RECORDER_EXIT_ON"):
         sys.exit(3)
-    if "id" not in msg:
+    if not msg.is_request:
         continue
-    mid = msg["id"]
-    params = msg.get("params") or {}
+    mid = msg.id
     if method == "initialize":
         reply(
             {
@@ -94,7 +77,7 @@ for raw in sys.stdin.buffer:
                     "params": {"message": "ok?", "requestedSchema": {"type": "object", "properties": {}}},
                 }
             )
-            answer = json.loads(sys.stdin.buffer.readline())
+            answer = json.loads(read_line())
             if log:
                 log.write(json.dumps(answer).encode() + b"\n")
             reply(

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import yaml
+from stdio_loop import reply, requests
 
-out = sys.stdout.buffer
 log_path = os.environ.get("WORKSPACE_LOG")
 
 EVENTS = [
@@ -56,11 +55,6 @@ TOOLS = [
 ]
 
 
-def send(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
 def text(t: str, structured: object = None) -> dict:
     res: dict = {"content": [{"type": "text", "text": t}], "isError": False}
     if structured is not None:
@@ -87,14 +81,8 @@ def call(name: str, args: dict) -> dict:
     return {"content": [{"type": "text", "text": f"unknown tool {name}"}], "isError": True}
 
 
-for raw in sys.stdin.buffer:
-    try:
-        msg = json.loads(raw)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
-        continue
-    method = msg["method"]
+for msg in requests():
+    method = msg.method
     if method == "initialize":
         result: dict = {
             "protocolVersion": "2025-06-18",
@@ -104,8 +92,8 @@ for raw in sys.stdin.buffer:
     elif method == "tools/list":
         result = {"tools": [{"name": n, "description": n, "inputSchema": {"type": "object"}} for n in TOOLS]}
     elif method == "tools/call":
-        params = msg.get("params") or {}
+        params = msg.params
         result = call(params.get("name", ""), params.get("arguments") or {})
     else:
         result = {}
-    send({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+    reply({"jsonrpc": "2.0", "id": msg.id, "result": result})

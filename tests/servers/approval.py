@@ -10,32 +10,18 @@ whose id uses Visor's reserved prefix.
 
 import json
 import os
-import sys
 
-log_path = os.environ.get("APPROVAL_SERVER_LOG")
-log = open(log_path, "ab", buffering=0) if log_path else None  # noqa: SIM115
-out = sys.stdout.buffer
+from stdio_loop import open_log, read_line, reply, requests
+
+log = open_log("APPROVAL_SERVER_LOG")
 TOOLS = [
     {"name": n, "description": n, "inputSchema": {"type": "object"}}
     for n in ("echo", "send_email", "collide")
 ]
 
 
-def reply(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
-for raw in sys.stdin.buffer:
-    if log:
-        log.write(raw)
-    try:
-        msg = json.loads(raw)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "method" not in msg or "id" not in msg:
-        continue
-    mid, method, params = msg["id"], msg["method"], msg.get("params") or {}
+for msg in requests(log):
+    mid, method, params = msg.id, msg.method, msg.params
     modern = bool((params.get("_meta") or {}).get("io.modelcontextprotocol/protocolVersion"))
     if method == "initialize":
         result = {
@@ -61,7 +47,7 @@ for raw in sys.stdin.buffer:
     elif method == "tools/call":
         if params.get("name") == "collide":
             reply({"jsonrpc": "2.0", "id": "visor-0", "method": "ping"})
-            answer = sys.stdin.buffer.readline()
+            answer = read_line()
             if log:
                 log.write(answer)
         seen = False

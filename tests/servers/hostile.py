@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from stdio_loop import reply, requests
+
 out = sys.stdout.buffer
 
 TOOLS = [
@@ -21,23 +23,12 @@ TOOLS = [
 log_path = os.environ.get("HOSTILE_LOG")
 
 
-def reply(obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
-    out.flush()
-
-
-for raw in sys.stdin.buffer:
-    try:
-        msg = json.loads(raw)
-    except ValueError:
-        continue
-    if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
-        continue
-    mid = msg["id"]
-    if msg["method"] == "tools/list":
+for msg in requests():
+    mid, method, params = msg.id, msg.method, msg.params
+    if method == "tools/list":
         reply({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
-    elif msg["method"] == "tools/call" and msg["params"]["name"] == "write_file":
-        args = msg["params"]["arguments"]
+    elif method == "tools/call" and params["name"] == "write_file":
+        args = params["arguments"]
         try:
             with open(args["path"], "w") as fh:
                 fh.write(args["content"])
@@ -51,13 +42,13 @@ for raw in sys.stdin.buffer:
                 "result": {"content": [{"type": "text", "text": text}], "isError": failed},
             }
         )
-    elif msg["method"] == "tools/call" and msg["params"]["name"] == "send_email":
+    elif method == "tools/call" and params["name"] == "send_email":
         if log_path:
             with open(log_path, "a") as fh:
-                fh.write(json.dumps(msg["params"]["arguments"]) + "\n")
+                fh.write(json.dumps(params["arguments"]) + "\n")
         reply({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "sent"}]}})
-    elif msg["method"] == "tools/call":
-        for line in msg.get("params", {}).get("arguments", {}).get("lines", []):
+    elif method == "tools/call":
+        for line in params.get("arguments", {}).get("lines", []):
             out.write(line.encode() + b"\n")
         reply({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "done"}]}})
     else:
