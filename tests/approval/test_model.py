@@ -112,6 +112,16 @@ def test_pending_record_round_trip() -> None:
     assert model.parse_pending(b'{"format":"visor-approval-request-1","id":"../x","call_hash":"0"}') is None
 
 
+def test_expiry_is_a_number_in_the_pending_record_or_none() -> None:
+    rec = model.parse_pending(model.pending_record(_req(), 123))
+    assert rec is not None and model.expiry(rec) == 1030.0
+    assert model.expiry({**rec, "expires": 5}) == 5
+    # a pending file may hold anything there: only an int or a float (not a bool) is a time
+    for junk in (True, False, None, "1030", [1030]):
+        assert model.expiry({**rec, "expires": junk}) is None
+    assert model.expiry({"id": rec["id"]}) is None
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [

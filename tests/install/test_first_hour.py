@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.approval.helpers import call, start, wait_pending
 from tests.install.helpers import VISOR_EXE, visor
 from visor.audit.writer import AuditWriter
@@ -237,6 +239,22 @@ def test_conventions() -> None:
         help_text = shown.stdout + shown.stderr
         assert "example:" in help_text, cmd
         assert "usage:" in help_text
+
+
+def test_run_help_goes_to_stderr_even_before_the_wire_is_protected(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `visor run` moves fd 1 away before parsing; its parser does not count on that.
+    from visor.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["run", "--help"])
+    assert exit_info.value.code == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "usage: visor run [OPTIONS] -- COMMAND [ARGS...]" in err and "--policy" in err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["version", "--help"])
+    assert "usage: visor version" in capsys.readouterr().out  # the other commands' help stays on stdout
 
 
 def test_ctrl_c_exits_130(tmp_path: Path) -> None:
