@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
-from visor.policy.effective import Effective, merge_tool, select_packs
-from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
+from visor.policy.effective import Effective, resolve_tool, select_packs
+from visor.policy.schema import Policy, ServerPolicy
 
 if TYPE_CHECKING:
     from visor.policy.evaluate import Decision, ToolCall
@@ -137,34 +137,9 @@ class SessionState:
     def effective(self, tool: str) -> Effective:
         eff = self._effective.get(tool)
         if eff is None:
-            eff = self._resolve(tool)
+            eff = resolve_tool(self.policy, self.server_entry, self.active_packs, tool)
             self._effective[tool] = eff
         return eff
-
-    def _resolve(self, tool: str) -> Effective:
-        pack_entries: list[tuple[Pack, ToolPolicy]] = [
-            (self.policy.packs[p], self.policy.packs[p].tools[tool])
-            for p in self.active_packs
-            if tool in self.policy.packs[p].tools
-        ]
-        base: ToolPolicy | None = None
-        for _pack, pack_entry in pack_entries:
-            base = merge_tool(base, pack_entry) if base is not None else pack_entry
-        srv = self.server_entry
-        exact = srv.tools.get(tool) if srv is not None else None
-        star = srv.tools.get("*") if srv is not None and exact is None else None
-        user = exact or (replace(star, name=tool) if star is not None else None)
-        entry = merge_tool(base, user) if user is not None else base
-        trusted: tuple[str, ...] = entry.trusted_destinations if entry is not None else ()
-        if srv is not None:
-            trusted = trusted + srv.allowed_destinations
-        return Effective(
-            entry=entry,
-            registered=user is not None,
-            fallback=exact is None and base is None,
-            trust=dst.build_trust(trusted) if trusted else dst.EMPTY_TRUST,
-            packs=tuple(p.name for p, _ in pack_entries),
-        )
 
     def argument_shape(self, tool: str) -> readings.ArgumentShape:
         """The member names the tool's arguments are read by (its schema's and

@@ -2,18 +2,18 @@
 
 `select_packs` picks the built-in packs that describe a server; `merge_tool`
 lays a policy entry over a pack's (what the entry says wins, lists are
-unions); `Effective` is the result the evaluator reads. Pure: the session
-(visor/session.py) caches one `Effective` per tool.
+unions); `resolve_tool` does both for one tool and returns the `Effective`
+the evaluator reads. Pure: the session (visor/session.py) caches one per tool.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from visor.policy import destinations as dst
 from visor.policy.loader import build_plan, build_screens
-from visor.policy.schema import Policy, ServerPolicy, ToolPolicy
+from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
 
 _T = TypeVar("_T")
 
@@ -90,3 +90,28 @@ def select_packs(
         if tool_names and sum(1 for t in pack.tools if t in tool_names) >= need:
             out.append(name)
     return tuple(out)
+
+
+def resolve_tool(policy: Policy, server: ServerPolicy | None, packs: tuple[str, ...], tool: str) -> Effective:
+    """What the policy says about `tool` on this server: the entries of the active `packs`
+    merged in order, then the server's own entry for the tool (or its ``"*"`` entry) over them."""
+    pack_entries: list[tuple[Pack, ToolPolicy]] = [
+        (policy.packs[p], policy.packs[p].tools[tool]) for p in packs if tool in policy.packs[p].tools
+    ]
+    base: ToolPolicy | None = None
+    for _pack, pack_entry in pack_entries:
+        base = merge_tool(base, pack_entry) if base is not None else pack_entry
+    exact = server.tools.get(tool) if server is not None else None
+    star = server.tools.get("*") if server is not None and exact is None else None
+    user = exact or (replace(star, name=tool) if star is not None else None)
+    entry = merge_tool(base, user) if user is not None else base
+    trusted: tuple[str, ...] = entry.trusted_destinations if entry is not None else ()
+    if server is not None:
+        trusted = trusted + server.allowed_destinations
+    return Effective(
+        entry=entry,
+        registered=user is not None,
+        fallback=exact is None and base is None,
+        trust=dst.build_trust(trusted) if trusted else dst.EMPTY_TRUST,
+        packs=tuple(p.name for p, _ in pack_entries),
+    )
