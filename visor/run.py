@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import fcntl
 import itertools
@@ -24,6 +25,7 @@ from visor.relay.upstream import SpawnError
 if TYPE_CHECKING:
     from visor.approval.broker import ApprovalBroker
     from visor.audit.writer import AuditWriter
+    from visor.telemetry.driver import DriverTelemetry
 
 # The client's pipes, moved off fds 0 and 1 by protect_stdio().
 _WIRE_IN: int | None = None
@@ -413,6 +415,21 @@ def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
     return ApprovalBroker(channels=channels, timeout=float(timeout), elicitation=elicitation)
 
 
+def _start_telemetry(args: argparse.Namespace, checked: _Checked) -> DriverTelemetry | None:
+    """OpenTelemetry export when the standard OTEL_EXPORTER_OTLP_* variables ask for it (docs/telemetry.md)."""
+    from visor import telemetry
+
+    reports = telemetry.start(server=args.server_name, session=checked.audit.session)
+    if isinstance(reports, telemetry.NoTelemetry):
+        return None
+    from visor.telemetry.driver import DriverTelemetry
+
+    checked.audit.observe_fsync(reports.fsynced)
+    output = checked.checks.session.output
+    reports.watch_output_index(lambda: len(output))
+    return DriverTelemetry(reports)
+
+
 def run_command(args: argparse.Namespace, command: list[str]) -> int:
     logs.configure(args.log_level, args.log_format)
     log = logs.get_logger("visor.run")
@@ -436,6 +453,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
         make_relay: Callable[..., Relay] = Relay
+        telemetry: DriverTelemetry | None = None
         if getattr(args, "http_upstream", None) is not None:
             from functools import partial
 
@@ -446,6 +464,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
             relay = make_relay(command, config, Checks())
         else:
             checked = _build_checks(args, command)
+            telemetry = _start_telemetry(args, checked)
             relay = make_relay(
                 command,
                 replace(config, listing_timeout=checked.listing_timeout),
@@ -454,10 +473,14 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
                 approvals=checked.approvals,
                 pin_saver=checked.pin_saver,
                 approvals_saver=checked.approvals_saver,
+                telemetry=telemetry,
             )
         try:
             return await relay.run(wire_in, wire_out)
         finally:
+            if telemetry is not None:
+                # Flushed on a thread: a collector that is down must not hold the loop.
+                await asyncio.to_thread(telemetry.telemetry.shutdown)
             if not relay.closed:
                 # The session failed before its normal end (the server could not
                 # start, the client's descriptors could not be used): the records

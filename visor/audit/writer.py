@@ -410,6 +410,23 @@ class AuditWriter:
         with self._cond:
             return self._checkpoints
 
+    def observe_fsync(self, report: Callable[[float], None]) -> None:
+        """Call `report(seconds)` after every fsync, on the writer's thread (telemetry).
+
+        Set before traffic starts. A report that raises is dropped: an
+        observer's failure must never read as a failed fsync, which would
+        poison the log.
+        """
+        inner = self._fsync
+
+        def timed(fd: int) -> None:
+            began = time.perf_counter()
+            inner(fd)
+            with contextlib.suppress(Exception):
+                report(time.perf_counter() - began)
+
+        self._fsync = timed
+
     @property
     def stats(self) -> AuditStats:
         with self._cond:

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from visor.approval.model import ApprovalRequest
     from visor.audit.writer import AuditWriter
     from visor.core.calls import CallContext, ToolCallState
+    from visor.telemetry.driver import DriverTelemetry
 
 log = get_logger("visor.relay")
 # Lines about records and approvals keep the name they always had.
@@ -296,6 +297,7 @@ class Relay:
         approvals: ApprovalBroker | None = None,
         pin_saver: Callable[[dict[str, Any]], None] | None = None,
         approvals_saver: Callable[[dict[str, Any]], None] | None = None,
+        telemetry: DriverTelemetry | None = None,
     ) -> None:
         self.argv = argv
         self.config = config
@@ -305,6 +307,7 @@ class Relay:
         self.approvals = approvals
         self._pin_saver = pin_saver
         self._approvals_saver = approvals_saver
+        self._telemetry = telemetry
         self.core = SessionCore(
             checks,
             CoreConfig(
@@ -343,13 +346,18 @@ class Relay:
             return
         self._performing = True
         try:
-            self._perform(self.core.handle(event))
+            self._perform(self._handle(event))
             while self._queued:
-                self._perform(self.core.handle(self._queued.popleft()))
+                self._perform(self._handle(self._queued.popleft()))
         finally:
             self._performing = False
         if "backlog" in self._pause_reasons and not self.core.server_backlog:
             self._resume_client("backlog")
+
+    def _handle(self, event: Event) -> list[Action]:
+        if self._telemetry is not None:
+            self._telemetry.before(event)
+        return self.core.handle(event)
 
     def _perform(self, actions: list[Action]) -> None:
         # The allow records of one batch (one read from the client) go to the
@@ -363,6 +371,8 @@ class Relay:
                 commits_left -= 1
             try:
                 self._perform_one(action, group, last=commits_left == 0)
+                if self._telemetry is not None:
+                    self._telemetry.performed(action)
             except Exception:
                 # One action that fails (a pin file that cannot be written) must not
                 # stop the others, nor escape into the transport's callback.

@@ -1,0 +1,93 @@
+"""The session core's events and actions, read as telemetry: one report per final verdict.
+
+The driver shows this observer each event before the core handles it and each
+action after it is performed. A verdict's span starts when Visor read what led
+to it (the client's bytes, or for an approved call the bytes that raised the
+question) and ends when the verdict is final: an allow when its record is
+durable (it is relayed at that moment), a deny or a human's no when it is
+recorded. Nothing here can change what the core decides.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from visor.core.calls import ToolCallState
+from visor.core.events import (
+    Action,
+    AppendRecord,
+    ApprovalAnswered,
+    AskHuman,
+    CommitDone,
+    CommitFailed,
+    CommitRecord,
+    Event,
+    WithdrawApproval,
+)
+from visor.telemetry import Telemetry
+
+#: Records that end a request's life at Visor (an allowed tools/call ends with its durable commit;
+#: a human's no is recorded as `decline`, then as the `deny` that answers the call).
+_FINAL = frozenset({"deny", "allow"})
+
+
+class DriverTelemetry:
+    __slots__ = ("_allows", "_asked", "_start_ns", "telemetry")
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        self._start_ns = 0
+        self._asked: dict[ToolCallState, int] = {}
+        self._allows: dict[ToolCallState, tuple[int, float, dict[str, Any]]] = {}
+
+    def before(self, event: Event) -> None:
+        """`event` is about to be handed to the core."""
+        now = time.time_ns()
+        self._start_ns = now
+        match event:
+            case ApprovalAnswered(call=call):
+                asked = self._asked.pop(call, None)
+                if asked is not None:
+                    self.telemetry.approvals_pending(-1)
+                    self._start_ns = asked
+            case CommitDone(call=call):
+                allow = self._allows.pop(call, None)
+                if allow is not None:
+                    started, submitted, record = allow
+                    self.telemetry.committed(time.monotonic() - submitted)
+                    self._report(record, "allow", started, now)
+            case CommitFailed(call=call):
+                allow = self._allows.pop(call, None)
+                if allow is not None:  # the deny the core records next belongs to this call
+                    self._start_ns = allow[0]
+
+    def performed(self, action: Action) -> None:
+        """The driver performed `action`."""
+        match action:
+            case AppendRecord(event=record):
+                kind = record.get("event")
+                if kind in _FINAL:
+                    self._report(record, kind, self._start_ns, time.time_ns())
+            case CommitRecord(event=record, call=call):
+                self._allows[call] = (self._start_ns, time.monotonic(), record)
+            case AskHuman(call=call):
+                if call not in self._asked:
+                    self.telemetry.approvals_pending(1)
+                self._asked[call] = self._start_ns
+            case WithdrawApproval(call=call):
+                if self._asked.pop(call, None) is not None:
+                    self.telemetry.approvals_pending(-1)
+
+    def _report(self, record: dict[str, Any], verdict: str, start_ns: int, end_ns: int) -> None:
+        method = record.get("method")
+        tool = record.get("tool")
+        self.telemetry.gated(
+            method=method if isinstance(method, str) else "tools/call",
+            tool=tool if isinstance(tool, str) else None,
+            verdict=verdict,
+            rule=str(record.get("rule", "")),
+            start_ns=start_ns,
+            end_ns=end_ns,
+            evaluation_s=None,
+        )
