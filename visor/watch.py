@@ -25,7 +25,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from visor.userfiles import ensure_dir, run_dir
 
@@ -170,7 +170,7 @@ def announce(gate: Any, event: dict[str, Any], log: Any) -> None:
 _TASKS: set[asyncio.Task[None]] = set()
 
 
-def _short(text: Any, limit: int = 160) -> Any:
+def _short(text: object, limit: int = 160) -> object:
     if isinstance(text, str) and len(text) > limit:
         return text[: limit - 1] + "…"
     return text
@@ -225,7 +225,7 @@ class _Follower:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.files: dict[str, tuple[Any, int]] = {}  # name -> (handle, inode)
+        self.files: dict[str, tuple[BinaryIO, int]] = {}  # name -> (handle, inode)
         self.partial: dict[str, bytes] = {}
 
     def _open(self, name: str) -> None:
@@ -260,7 +260,7 @@ class _Follower:
                     out += self._drain(name, self.files[name][0]) if name in self.files else []
         return out
 
-    def _drain(self, name: str, fh: Any) -> list[bytes]:
+    def _drain(self, name: str, fh: BinaryIO) -> list[bytes]:
         data = self.partial.pop(name, b"") + fh.read()
         lines = data.split(b"\n")
         if lines[-1]:
