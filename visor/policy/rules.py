@@ -164,6 +164,7 @@ class CommandReading(NamedTuple):
     texts: tuple[str, ...]  # everything a deny pattern must not match
     unreadable: str | None  # why the command cannot be read with certainty
     split: Split  # (command, parts, texts): the shape the evaluator's screens read
+    writes: tuple[str, ...] = ()  # files its redirections open for writing
 
 
 # Used only to give deny patterns more to look at when a command is unreadable
@@ -179,7 +180,7 @@ def _command_split(cmd: str) -> CommandReading:
     if reading.unreadable is not None:
         pieces.extend(p.strip() for p in _ROUGH.split(cmd) if p.strip())
     texts = tuple(dict.fromkeys(v for piece in pieces for v in _variants(piece)))
-    return CommandReading(cmd, parts, forms, texts, reading.unreadable, (cmd, parts, texts))
+    return CommandReading(cmd, parts, forms, texts, reading.unreadable, (cmd, parts, texts), reading.writes)
 
 
 def _query_split(q: str) -> Split:
@@ -226,7 +227,22 @@ def allow_command_pattern(rule: Rule, view: CallView) -> str | None:
             # the part as written, or with quoting removed ('l's runs ls)
             if not any(rx.search(f) for f in forms for rx in rule.regexes):
                 return f"command part {part[:80]!r} is not admitted by any allow pattern"
+        for target in r.writes:
+            # A pattern written for a command (`^echo\s`) admits it with any
+            # redirection after it; writing a file is a second action, so it needs
+            # a pattern of its own, matched against `> TARGET`.
+            if target in _HARMLESS_WRITES:
+                continue
+            if not any(rx.search(f"> {target}") for rx in rule.regexes):
+                return (
+                    f"command writes {target[:80]!r} through a redirection, and no allow pattern "
+                    f"admits '> {target[:80]}'"
+                )
     return None
+
+
+# Writing to these opens no file of the user's.
+_HARMLESS_WRITES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
 
 
 def deny_command_keyword(rule: Rule, view: CallView) -> str | None:

@@ -60,6 +60,8 @@ class Reading:
     unreadable: str | None = None
     # the files redirections open (`> out.txt`, `< ~/.ssh/id_rsa`), quoting removed
     targets: tuple[str, ...] = ()
+    # those of them opened for writing (`>`, `>>`, `>|`, `&>`, `&>>`, `<>`, `>& FILE`)
+    writes: tuple[str, ...] = ()
 
     @property
     def certain(self) -> bool:
@@ -168,13 +170,18 @@ _SHELLS = frozenset(
 _SHELL_C = re.compile(r"-[A-Za-z]*c")
 
 
+# Redirections that open their target for writing (`>&` only with a file, not a descriptor).
+_WRITING = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
+
+
 class _Reader:
-    __slots__ = ("out", "s", "targets")
+    __slots__ = ("out", "s", "targets", "writes")
 
     def __init__(self, s: str) -> None:
         self.s = s
         self.out: list[SimpleCommand] = []
         self.targets: list[str] = []
+        self.writes: list[str] = []
 
     # ------------------------------------------------------------ lists
 
@@ -351,6 +358,8 @@ class _Reader:
             raise _Unreadable(f"redirection {op!r} without a target")
         if op != "<<<" and not (op in ("<&", ">&") and (value.isdigit() or value == "-")):
             self.targets.append(value)  # a file it opens (`>&1` duplicates a descriptor)
+            if op in _WRITING:
+                self.writes.append(value)
         return e, [s[i:k].strip(), value if _BARE.fullmatch(value) else raw]
 
     # ------------------------------------------------------------ words
@@ -486,6 +495,7 @@ class _Reader:
         inner.list_(0, None, "subst")
         self.out.extend(inner.out)
         self.targets.extend(inner.targets)
+        self.writes.extend(inner.writes)
         return j + 1
 
 
@@ -539,10 +549,10 @@ def read_command(cmd: str) -> Reading:
     try:
         r.list_(0, None, "top")
     except _Unreadable as e:
-        return Reading(tuple(r.out), str(e), tuple(r.targets))
+        return Reading(tuple(r.out), str(e), tuple(r.targets), tuple(r.writes))
     except RecursionError:
         return Reading((), "nested too deeply")
-    return Reading(tuple(r.out), None, tuple(r.targets))
+    return Reading(tuple(r.out), None, tuple(r.targets), tuple(r.writes))
 
 
 read_command_cached = lru_cache(maxsize=1024)(read_command)
