@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import uvloop
-
 from visor import logs
 from visor.core.checks import Checks, PolicyChecks
+from visor.relay import loop as event_loop
 from visor.relay.proxy import Relay, RelayConfig
+from visor.relay.reload import PolicySource
 from visor.relay.upstream import SpawnError
 
 if TYPE_CHECKING:
@@ -309,6 +309,7 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
         approvals=approvals,
         protected=_protected_paths(args, audit_path),
         save_pins=pin_saver is not None,
+        fixed_identity=args.identity or None,
     )
     return _Checked(checks, audit, approvals, pin_saver, approvals_saver, listing_timeout)
 
@@ -474,6 +475,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
                 pin_saver=checked.pin_saver,
                 approvals_saver=checked.approvals_saver,
                 telemetry=telemetry,
+                policy_source=PolicySource(str(args.policy) if args.policy else None),  # SIGHUP
             )
         try:
             return await relay.run(wire_in, wire_out)
@@ -489,7 +491,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
                     await relay.close()
 
     try:
-        return uvloop.run(session())
+        return event_loop.run(session())
     except StartupError as exc:
         print(f"visor run: {exc}", file=sys.stderr)
         return 1

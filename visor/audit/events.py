@@ -48,6 +48,28 @@ def policy_load(source: str, policy: str) -> Event:
     return {"event": "policy_load", "source": source, "policy": policy}
 
 
+def policy_reload(
+    *,
+    source: str,
+    previous: str,
+    policy: str | None,
+    ok: bool,
+    error: str | None = None,
+    attestation: str | None = None,
+) -> Event:
+    """A reload attempt (SIGHUP): ``previous`` was in force before it, ``policy`` is the new
+    file's SHA-256 (absent when it could not be read); ``ok`` false: ``previous`` stays, ``error``
+    says why. ``attestation``: "match", or why calls to an attested server are denied after it."""
+    event: Event = {"event": "policy_reload", "source": source, "previous": previous, "ok": ok}
+    if policy is not None:
+        event["policy"] = policy
+    if error is not None:
+        event["error"] = error
+    if attestation is not None:
+        event["attestation"] = attestation
+    return event
+
+
 def session_end(server: str) -> Event:
     return {"event": "session_end", "server": server}
 

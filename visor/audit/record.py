@@ -42,6 +42,7 @@ EVENTS: frozenset[str] = frozenset(
         "session_start",
         "session_end",
         "policy_load",
+        "policy_reload",
         "audit_open",
         "result",
         "audit_repair",

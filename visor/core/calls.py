@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from visor.approval.model import ApprovalRequest
     from visor.policy.evaluate import Decision, ToolCall
+    from visor.policy.schema import Policy
     from visor.wire.message import Message
 
 
@@ -47,6 +48,9 @@ class Approval:
     msg: Message  # the call as the log and the server see it (redacted)
     call: ToolCall  # as the policy judged it (original arguments: what the human is shown)
     current: Decision
+    # The policy the call was judged under: every round and the re-check after a yes use it,
+    # even when a reload put another one in force meanwhile (docs/policy.md, "Reloading").
+    policy: Policy
     approved: list[Decision] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     rounds: int = 0

@@ -13,8 +13,9 @@ is the only place where a decision, an approval and an audit record meet.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from visor.core.calls import Approval, CallContext
 from visor.core.events import Action, Announce, AppendRecord, SaveApprovals, SavePins
 from visor.core.guard import DENIED_REQUEST, DataGuard, Refuse, RequestVerdict
 from visor.logs import get_logger
-from visor.policy import readings
+from visor.policy import attestation, readings
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
 from visor.wire import errors
 
@@ -179,6 +180,48 @@ class Checks:
     def on_close(self) -> None:
         """The session is over (after every held call was withdrawn)."""
 
+    def on_policy_reload(self, policy: Policy) -> None:
+        """A new policy, loaded and validated: put it in force (between two events)."""
+        log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
+
+    def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:
+        """A reload whose policy could not be loaded: the one in force stays."""
+        log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
+
+
+# What a running session was measured as at launch, for an attested server entry:
+# (entry_arg_positions, observed digest, why it could not be measured).
+_Measurement = tuple[tuple[int, ...], str | None, str | None]
+
+
+def _launch_measurement(policy: Policy, server: str) -> _Measurement | None:
+    entry = policy.server(server)
+    att = entry.attestation if entry is not None else None
+    return None if att is None else (att.entry_arg_positions, att.observed, att.unresolved)
+
+
+def _traces_output(policy: Policy) -> bool:
+    """Whether the provenance index must record where each key was seen (SessionState's `_trace`)."""
+    return policy.settings.untrusted_output == "ask" or any(
+        t.untrusted_output == "ask" for srv in policy.servers for t in srv.tools.values()
+    )
+
+
+def _rebind_session(session: SessionState, policy: Policy, identity: str | None) -> None:
+    """Point `session` at `policy`, keeping its state (pins, history, budgets, taints, provenance,
+    approvals). These are the members SessionState.__init__ derives from its policy; the
+    provenance index's size and tracing are fixed at start (a reload that changes them is refused)."""
+    session.policy = policy
+    session.server_entry = policy.server(session.server)
+    session.identity = identity if identity is not None else policy.settings.identity
+    # History already trimmed to the old window stays trimmed; it never shrinks on a reload,
+    # so that switching back and forth (an approval's own policy) loses nothing.
+    window = max([policy.settings.chain_window_size, *(c.within_calls or 0 for c in policy.tool_chains)])
+    session._history_cap = max(session._history_cap, window)
+    # Packs are selected again from the pins, and every resolved entry is resolved again.
+    session._effective.clear()
+    session._reselect_packs()
+
 
 class PolicyChecks(Checks):
     """Decide with the policy; an allow is relayed only once its record is durable."""
@@ -194,8 +237,15 @@ class PolicyChecks(Checks):
         approvals: ApprovalBroker | None = None,
         protected: Protected | None = None,
         save_pins: bool = False,
+        fixed_identity: str | None = None,
     ) -> None:
         self.policy = policy
+        # `visor run --identity`: kept across reloads (else the policy's settings.identity).
+        self._fixed_identity = fixed_identity
+        # What a reload may not change: the launch measurement and the provenance index's shape.
+        self._launch = _launch_measurement(policy, server_name)
+        self._index_keys = policy.settings.output_index_max_keys
+        self._traced = _traces_output(policy)
         # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
         self.protected = protected or Protected()
         self.session = session
@@ -339,7 +389,7 @@ class PolicyChecks(Checks):
             failure = "out_of_band" if out_of_band_only else "unavailable"
             return self._deny(msg, self._no_approval(decision, failure), ctx)
         # Later messages from the client do not wait behind a human.
-        return self._question(Approval(msg, call, decision), ctx)
+        return self._question(Approval(msg, call, decision, self.policy), ctx)
 
     def _question(self, approval: Approval, ctx: CallContext) -> Verdict:
         """The next question about the call, or its denial when it raised too many."""
@@ -367,6 +417,10 @@ class PolicyChecks(Checks):
         return AwaitHuman(approval, approval.request, self._out_of_band_only(call))
 
     def on_approval(self, approval: Approval, outcome: Outcome, ctx: CallContext) -> Verdict:
+        with self._under(approval.policy):
+            return self._on_approval(approval, outcome, ctx)
+
+    def _on_approval(self, approval: Approval, outcome: Outcome, ctx: CallContext) -> Verdict:
         msg, call, current, req = approval.msg, approval.call, approval.current, approval.request
         assert req is not None
         answer = outcome.answer
@@ -411,11 +465,12 @@ class PolicyChecks(Checks):
             else "the client cancelled the call while it waited for approval"
         )
         current = approval.current
-        self._record(
-            approval.msg,
-            "deny",
-            Decision("deny", "approval.cancelled", reason, current.destination, current.argument),
-        )
+        with self._under(approval.policy):
+            self._record(
+                approval.msg,
+                "deny",
+                Decision("deny", "approval.cancelled", reason, current.destination, current.argument),
+            )
 
     def _no_approval(self, decision: Decision, failure: str | None) -> Decision:
         if decision.rule == UNTRUSTED_OUTPUT_ASK and failure in (None, "unavailable", "out_of_band"):
@@ -695,6 +750,110 @@ class PolicyChecks(Checks):
 
     def on_close(self) -> None:
         self._append(events.session_end(self.server))
+
+    # ------------------------------------------------------------- reloads
+    def on_policy_reload(self, policy: Policy) -> None:
+        old = self.policy
+        policy = attestation.observe(policy, self.server, self._launched)
+        refusal = self._cannot_change(policy)
+        if refusal is not None:
+            self._reload_failed(str(policy.source), refusal, policy.sha256)
+            return
+        self._bind(policy)
+        if self.approvals is not None:
+            # Questions asked from now on; one already open keeps the wait it started with.
+            self.approvals.timeout = float(policy.settings.approval_timeout_seconds)
+        attested = self._attestation_state(policy)
+        log.info("policy_reloaded", source=str(policy.source), previous=old.sha256, policy=policy.sha256)
+        self._append(
+            events.policy_reload(
+                source=str(policy.source),
+                previous=old.sha256,
+                policy=policy.sha256,
+                ok=True,
+                attestation=attested,
+            )
+        )
+
+    def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:
+        self._reload_failed(source, error, sha256)
+
+    def _reload_failed(self, source: str, error: str, sha256: str | None) -> None:
+        log.error(
+            "policy_reload_failed",
+            error=error,
+            detail=f"the policy in force is unchanged ({self.policy.source}, {self.policy.sha256[:12]})",
+        )
+        self._append(
+            events.policy_reload(
+                source=source, previous=self.policy.sha256, policy=sha256, ok=False, error=error
+            )
+        )
+
+    def _cannot_change(self, policy: Policy) -> str | None:
+        """Why `policy` cannot be put in force in a running session, or None."""
+        restart = "; restart visor run to apply it"
+        keys = policy.settings.output_index_max_keys
+        if keys != self._index_keys:
+            return (
+                f"settings.output_index_max_keys cannot change while the session runs "
+                f"({self._index_keys} at start, {keys} in the new policy){restart}"
+            )
+        if _traces_output(policy) and not self._traced:
+            return (
+                "untrusted_output: ask cannot be turned on while the session runs (the provenance index "
+                f"was started without recording where each destination was seen){restart}"
+            )
+        fixed = self._fixed_identity
+        if fixed is not None and not any(i.name == fixed for i in policy.identities):
+            return f"identity {fixed!r} (visor run --identity) is not defined in the new policy's identities"
+        return None
+
+    def _launched(self, positions: tuple[int, ...]) -> tuple[str | None, str | None]:
+        """The launch measurement for an attested entry in a reloaded policy: the running
+        server is what was measured at start, and is never measured again (files read now
+        may not be what was launched)."""
+        launch = self._launch
+        if launch is None:
+            return None, (
+                "the attestation came with a policy reload and the running server was not measured "
+                "when it started; restart visor run to measure it"
+            )
+        launched, observed, unresolved = launch
+        if positions != launched:
+            return None, (
+                f"a policy reload changed entry_arg_positions ({list(launched)} at start, {list(positions)} "
+                "now) and the running server was measured with the former; restart visor run to measure it"
+            )
+        return observed, unresolved
+
+    def _attestation_state(self, policy: Policy) -> str | None:
+        """For the reload record: None (no attestation), "match", or why calls are denied."""
+        entry = policy.server(self.server)
+        att = entry.attestation if entry is not None else None
+        if att is None:
+            return None
+        return attestation.verdict(att.observed, att.unresolved, att.digest) or "match"
+
+    def _bind(self, policy: Policy) -> None:
+        self.policy = policy
+        self.guard.rebind(policy)
+        _rebind_session(self.session, policy, self._fixed_identity)
+
+    @contextlib.contextmanager
+    def _under(self, policy: Policy) -> Iterator[None]:
+        """Judge with `policy` for the duration (a call's own, older one), then with the current.
+
+        Synchronous: nothing else runs meanwhile, so no other call sees the older policy."""
+        current = self.policy
+        if policy is current:
+            yield
+            return
+        self._bind(policy)
+        try:
+            yield
+        finally:
+            self._bind(current)
 
     # ------------------------------------------------------------- evidence
     def _event(self, msg: Message, kind: str, decision: Decision) -> dict[str, Any]:

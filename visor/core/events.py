@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from visor.approval.broker import Outcome
     from visor.approval.model import ApprovalRequest
     from visor.core.calls import CallContext, ToolCallState
+    from visor.policy.schema import Policy
 
 
 class Timer:
@@ -118,6 +119,24 @@ class VisorForget:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyReloaded:
+    """A policy loaded and validated off the hot path (SIGHUP): in force from this event on,
+    unless a setting that cannot change while the session runs differs (then refused)."""
+
+    policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyReloadFailed:
+    """A reload whose policy could not be loaded: `error` as the loader said it (file, line, key)."""
+
+    source: str
+    error: str
+    # SHA-256 of the file's bytes as they were read, when they could be read.
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Closing:
     """The session ends: calls still held are withdrawn and recorded, then `session_end`."""
 
@@ -136,6 +155,8 @@ Event = (
     | VisorRequest
     | VisorNotify
     | VisorForget
+    | PolicyReloaded
+    | PolicyReloadFailed
     | Closing
 )
 

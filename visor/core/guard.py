@@ -93,6 +93,13 @@ class DataGuard:
         self.max_output = policy.settings.max_output_size_bytes
         self.output_schemas: dict[str, Any] = {}
 
+    def rebind(self, policy: Policy) -> None:
+        """Judge with `policy` from now on (a reload); the output schemas the server listed stay."""
+        self.policy = policy
+        engine = policy.redaction.engine
+        self.redactor = engine if engine is not None else redact.DEFAULT_REDACTOR
+        self.max_output = policy.settings.max_output_size_bytes
+
     # ------------------------------------------------------------ evidence
     def _redacted(self, direction: str, msg_id: Any, findings: list[redact.Finding], **detail: Any) -> None:
         self._emit(

@@ -62,6 +62,8 @@ from visor.core.events import (
     CommitRecord,
     DeliverReply,
     Event,
+    PolicyReloaded,
+    PolicyReloadFailed,
     SendToClient,
     SendToServer,
     ServerData,
@@ -215,6 +217,12 @@ class SessionCore:
                     self._to_client(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params}))
             case VisorForget(rpc_id=rpc_id):
                 self._visor_to_client.discard(rpc_id)
+            case PolicyReloaded(policy=policy):
+                # Between two events: no call is inside the checks now. Calls waiting for
+                # a human keep the policy they were judged under (Approval.policy).
+                self.checks.on_policy_reload(policy)
+            case PolicyReloadFailed(source=source, error=error, sha256=sha256):
+                self.checks.on_policy_reload_failed(source, error, sha256)
             case Closing():
                 self._close()
             case _:

@@ -68,10 +68,12 @@ class HttpRelay(Relay):
                 self.approvals.link = _ClientLink(self)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+            self._watch_hangup(loop)
             return await self._lifecycle()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+            await self._stop_reloading()
             for task in pumps:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from visor.approval.model import ApprovalRequest
     from visor.audit.writer import AuditWriter
     from visor.core.calls import CallContext, ToolCallState
+    from visor.relay.reload import PolicySource
     from visor.telemetry.driver import DriverTelemetry
 
 log = get_logger("visor.relay")
@@ -298,8 +299,13 @@ class Relay:
         pin_saver: Callable[[dict[str, Any]], None] | None = None,
         approvals_saver: Callable[[dict[str, Any]], None] | None = None,
         telemetry: DriverTelemetry | None = None,
+        policy_source: PolicySource | None = None,
     ) -> None:
         self.argv = argv
+        # Where SIGHUP reloads the policy from; None: SIGHUP keeps its default action.
+        self.policy_source = policy_source
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
         self.config = config
         self.checks = checks
         # `audit` and `approvals` are also what visor.watch.announce reads.
@@ -547,10 +553,12 @@ class Relay:
                 self.approvals.link = _ClientLink(self)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal, sig)
+            self._watch_hangup(loop)
             returncode = await self._lifecycle()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+            await self._stop_reloading()
             # Every exit path, an exception included: nothing of the server's
             # process group survives, and the server itself is reaped (no zombie).
             upstream_mod.kill_group(upstream.pid)
@@ -681,6 +689,45 @@ class Relay:
         if self._client_in is not None and not self.core.client_closed:
             self._client_in.pause_reading()
         self.feed(ClientGone())
+
+    # ---------------------------------------------------------------- reloads
+    def _watch_hangup(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGHUP reloads the policy (only when there is one to reload)."""
+        if self.policy_source is not None:
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+
+    def request_reload(self) -> None:
+        """Load the policy again off the event loop, then swap it in between two events.
+
+        A request while one is loading runs once more after it (the file may have
+        changed again since the first was read); never two loads at once."""
+        if self.policy_source is None or self.closed or self._loop is None:
+            return
+        log.info("policy_reload_requested", source=self.policy_source.path or "<default>")
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = self._loop.create_task(self._reload())
+
+    async def _reload(self) -> None:
+        source = self.policy_source
+        assert source is not None and self._loop is not None
+        while True:
+            self._reload_again = False
+            event = await self._loop.run_in_executor(None, source.load)
+            if self.closed:
+                return
+            self.feed(event)
+            if not self._reload_again:
+                return
+
+    async def _stop_reloading(self) -> None:
+        task = self._reloading
+        if task is not None and not task.done():
+            # The session is over: a policy still loading is never put in force.
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     async def _escalate_if_stuck(self) -> None:
         # The server may keep stdout open after its stdin closed; stop it in order.

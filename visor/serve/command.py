@@ -332,10 +332,10 @@ def serve_command(args: argparse.Namespace) -> int:
         end_grace=args.shutdown_grace + 10.0,
         server_name=args.server_name,
     )
-    import uvloop
+    from visor.relay import loop as event_loop
 
     try:
-        return uvloop.run(_serve(args, command, http, config))
+        return event_loop.run(_serve(args, command, http, config))
     except ServeError as exc:
         print(f"visor serve: {exc}", file=sys.stderr)
         return 1
