@@ -149,6 +149,15 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--header", metavar="'NAME: VALUE'", action="append", default=[],
         help="an HTTP header for --url (repeatable); ${VAR} in VALUE is read from the environment",
     )  # fmt: skip
+    run.add_argument(
+        "--group", metavar="NAME",
+        help="share seen output, taints and approvals with every server of group NAME (default: "
+        "$VISOR_GROUP, else the servers the same client process started; docs/groups.md)",
+    )  # fmt: skip
+    run.add_argument(
+        "--no-group", action="store_true",
+        help="share nothing with the client's other servers (this server's own output only)",
+    )  # fmt: skip
     run.add_argument("command", nargs=argparse.REMAINDER, help="the server command, after --")
     run.set_defaults(func=_cmd_run)
 
@@ -210,7 +219,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, run_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command line; with `run_only`, the top level and `visor run` alone.
+
+    `visor run` builds only its own parser: the other command modules import
+    much that relaying never uses, and the time to the first answer counts it.
+    """
     parser = argparse.ArgumentParser(
         prog="visor",
         description="A deterministic action boundary for MCP tool calls.",
@@ -221,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="more output (visor run: debug)")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     _add_run(sub)
+    if run_only:
+        return parser
     version = add_command(sub, "version", "print the version", "Print the version of Visor.", "visor version")
     version.set_defaults(func=_cmd_version)
     demo = add_command(
@@ -315,14 +331,15 @@ def _unknown_command(parser: argparse.ArgumentParser, args_list: list[str]) -> s
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if next((a for a in args_list if a not in ("-q", "--quiet", "-v", "--verbose")), None) == "run":
+    is_run = next((a for a in args_list if a not in ("-q", "--quiet", "-v", "--verbose")), None) == "run"
+    if is_run:
         # Protect the wire before anything can print: from here on, fd 1 is
         # stderr for everyone but the relay, which keeps a private copy.
         from visor.run import protect_stdio
 
         protect_stdio()
     try:
-        parser = build_parser()
+        parser = build_parser(run_only=is_run)
         unknown = _unknown_command(parser, args_list)
         if unknown is not None:
             print(unknown, file=sys.stderr)

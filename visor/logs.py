@@ -8,12 +8,24 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Any, Literal, cast
 
-import structlog
-from structlog.typing import EventDict
+# structlog imports rich, when it is installed, at its own import (about 90 ms
+# of `visor run`'s start and several MB of its peak RSS) for pretty tracebacks
+# that Visor never shows: format_exc_info below renders an exception as plain
+# text before any renderer sees it. So rich is hidden from that one import,
+# and only from it: anything imported later gets the real package.
+_hide_rich = "rich" not in sys.modules
+if _hide_rich:
+    cast(dict[str, Any], sys.modules)["rich"] = None
+try:
+    import structlog
+    from structlog.typing import EventDict
+finally:
+    if _hide_rich and sys.modules.get("rich", sys) is None:
+        del sys.modules["rich"]
 
-from visor.display import escape
+from visor.display import escape  # noqa: E402 - after structlog, see above
 
 LogFormat = Literal["json", "console"]
 
