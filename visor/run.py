@@ -25,6 +25,7 @@ from visor.relay.upstream import SpawnError
 if TYPE_CHECKING:
     from visor.approval.broker import ApprovalBroker
     from visor.audit.writer import AuditWriter
+    from visor.groups.index import GroupIndex
     from visor.telemetry.driver import DriverTelemetry
 
 # The client's pipes, moved off fds 0 and 1 by protect_stdio().
@@ -218,6 +219,7 @@ class _Checked:
     pin_saver: Callable[[dict[str, Any]], None] | None
     approvals_saver: Callable[[dict[str, Any]], None]
     listing_timeout: float
+    group: GroupIndex | None = None
 
 
 def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
@@ -243,7 +245,8 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
     listing_timeout = _listing_timeout()
     if args.identity and not any(i.name == args.identity for i in policy.identities):
         raise StartupError(f"identity {args.identity!r} is not defined in the policy's identities")
-    session = SessionState(policy, args.server_name, identity=args.identity)
+    group = _join_group(args, policy)
+    session = SessionState(policy, args.server_name, identity=args.identity, group=group)
     pin_saver: Callable[[dict[str, Any]], None] | None = None
     if args.pin_file:
         pin_path = Path(args.pin_file)
@@ -311,7 +314,27 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
         save_pins=pin_saver is not None,
         fixed_identity=args.identity or None,
     )
-    return _Checked(checks, audit, approvals, pin_saver, approvals_saver, listing_timeout)
+    return _Checked(checks, audit, approvals, pin_saver, approvals_saver, listing_timeout, group)
+
+
+def _join_group(args: argparse.Namespace, policy: Any) -> GroupIndex | None:
+    """The group of servers this one's client started (docs/groups.md), or None
+    with ``--no-group``. A store that cannot be joined still gives an index,
+    one that answers "cannot tell" (the evaluator then asks)."""
+    if getattr(args, "no_group", False):
+        if getattr(args, "group", None) is not None:
+            raise StartupError("--group NAME and --no-group contradict each other: give one")
+        return None
+    from visor.groups import identity
+    from visor.groups.index import GroupIndex
+    from visor.groups.store import prune_stale
+
+    try:
+        ident = identity.resolve(getattr(args, "group", None))
+    except identity.GroupNameError as exc:
+        raise StartupError(f"--group or VISOR_GROUP refused: {exc}") from exc
+    prune_stale()
+    return GroupIndex.join(ident, args.server_name, max_keys=policy.settings.output_index_max_keys)
 
 
 def _listing_timeout() -> float:
@@ -366,6 +389,8 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
 
     # $VISOR_HOME/approved: destinations a human approved with "remember"
     dirs = [default_dir(), audit_dir(), visor_home() / "approved"]
+    # $VISOR_HOME/groups: what the client's servers saw, their taints and approvals (docs/groups.md)
+    dirs.append(visor_home() / "groups")
     if getattr(args, "approval_dir", None):
         dirs.append(Path(args.approval_dir))
     files = [audit_path]
@@ -454,6 +479,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
         make_relay: Callable[..., Relay] = Relay
+        group: GroupIndex | None = None  # the client's group of servers (docs/groups.md), closed at the end
         telemetry: DriverTelemetry | None = None
         if getattr(args, "http_upstream", None) is not None:
             from functools import partial
@@ -465,6 +491,7 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
             relay = make_relay(command, config, Checks())
         else:
             checked = _build_checks(args, command)
+            group = checked.group
             telemetry = _start_telemetry(args, checked)
             relay = make_relay(
                 command,
@@ -489,6 +516,8 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
                 # written so far still reach the disk, and the writer stops.
                 with contextlib.suppress(Exception):
                     await relay.close()
+            if group is not None:
+                group.close()
 
     try:
         return event_loop.run(session())

@@ -20,6 +20,7 @@ from visor.policy.effective import Effective, resolve_tool, select_packs
 from visor.policy.schema import Policy, ServerPolicy
 
 if TYPE_CHECKING:
+    from visor.groups.index import GroupIndex
     from visor.policy.evaluate import Decision, ToolCall
 
 PIN_FORMAT = 2
@@ -67,7 +68,13 @@ def pin_digest(tool: dict[str, Any]) -> str:
 class SessionState:
     """State of one proxied session (one ``visor run``, one upstream server)."""
 
-    def __init__(self, policy: Policy, server: str, identity: str | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        server: str,
+        identity: str | None = None,
+        group: GroupIndex | None = None,
+    ) -> None:
         self.policy = policy
         self.server = server
         self.identity = identity if identity is not None else policy.settings.identity
@@ -107,13 +114,28 @@ class SessionState:
             t.untrusted_output == "ask" for srv in policy.servers for t in srv.tools.values()
         )
         max_keys = policy.settings.output_index_max_keys
+        small = max(1024, max_keys // 4)
+        # The other servers the same client started (visor/groups/): with a
+        # group, the three key tables below are the group's, which share every
+        # new key with the group's store (written by ``observe_output``).
+        self.group = group
         # every key of free text (and of asserted fields: a look-alike of a
         # correspondent is not vouched for)
-        self.output = dst.OutputIndex(max_keys, trace=self._trace)
+        self.output = dst.OutputIndex(
+            max_keys,
+            trace=self._trace,
+            table=group.table(dst.OUTPUT, max_keys, self._trace) if group is not None else None,
+        )
         # the exact keys of destinations in fields the service asserts
-        self.asserted = dst.DigestTable(max(1024, max_keys // 4))
+        self.asserted: dst.DigestTable = (
+            group.table(dst.ASSERTED, small) if group is not None else dst.DigestTable(small)
+        )
         # every key of fields a third party writes (a received mail's sender)
-        self.attributed = dst.OutputIndex(max(1024, max_keys // 4), trace=True)
+        self.attributed = dst.OutputIndex(
+            small,
+            trace=True,
+            table=group.table(dst.ATTRIBUTED, small, trace=True) if group is not None else None,
+        )
         # (tool, argument, destination key) a human approved: trusted for the session
         self.approvals: set[tuple[str, str, str]] = set()
         # the ones a human asked to remember across restarts
@@ -239,7 +261,16 @@ class SessionState:
         is read field by field (``structuredContent``, and text content that is
         a JSON or YAML document): see ``_observe_fields``. Everything else is
         free text.
+
+        With a group, the keys this result added reach the group's store
+        before this returns, so before the result is relayed: the client,
+        and so the model, never reads output the other servers cannot see.
         """
+        self._observe_output(tool, result)
+        if self.group is not None:
+            self.group.flush()
+
+    def _observe_output(self, tool: str | None, result: dict[str, Any]) -> None:
         entry = self.effective(tool).entry if tool is not None else None
         if entry is not None and (entry.trusted_output_fields or entry.sender_fields):
             self._observe_fields(tool or "", result, entry.trusted_output_fields, entry.sender_fields, True)
@@ -352,15 +383,37 @@ class SessionState:
     # ------------------------------------------------------------ provenance
 
     def asserted_destination(self, d: dst.Dest) -> bool:
-        """The service asserted exactly ``d`` in a trusted field of some output."""
-        return d.kind != "opaque" and d.key in self.asserted
+        """The service (or, with a group, any service of the group) asserted
+        exactly ``d`` in a trusted field of some output."""
+        if d.kind == "opaque":
+            return False
+        if d.key in self.asserted:
+            return True
+        # "cannot tell" places nothing: the destination is then judged unplaced
+        return self.group is not None and self.group.asserted(d) is True
 
     def where_seen(self, d: dst.Dest, attributed: bool = False) -> tuple[str, str] | None:
         """(tool, field) where output first showed ``d``, when recorded."""
         return (self.attributed if attributed else self.output).where_of(d)
 
     def approved(self, tool: str, argument: str, key: str) -> bool:
-        return (tool, argument, key) in self.approvals
+        """A human approved ``key`` for this tool and argument, or (with a
+        group) approved the destination through any server of the group."""
+        if (tool, argument, key) in self.approvals:
+            return True
+        return self.group is not None and self.group.approved(key) is True
+
+    def all_taints(self) -> set[str] | frozenset[str]:
+        """This session's taints and every taint its group raised. A group
+        that cannot tell counts as having raised every taint the policy
+        defines: egress controls then apply as if it had (fail closed)."""
+        group = self.group
+        if group is None:
+            return self.taints
+        shared = group.taints()
+        if shared is None:
+            return self.taints | {t.name for t in self.policy.taints}
+        return self.taints | shared if shared else self.taints
 
     # ------------------------------------------------------------ recording
 
@@ -375,6 +428,9 @@ class SessionState:
             if taint.name not in self.taints:
                 self.taints.add(taint.name)
                 events.append(SessionEvent("taint", call.tool, {"taint": taint.name, "matched": value}))
+                if self.group is not None:
+                    # a failure marks the group lost: every member then assumes every taint
+                    self.group.raise_taint(taint.name, call.tool)
         return events
 
     def remember_approval(self, call: ToolCall, decision: Decision, persist: bool = False) -> None:
@@ -386,6 +442,9 @@ class SessionState:
             return
         key = (call.tool, decision.argument, decision.destination)
         self.approvals.add(key)
+        if self.group is not None:
+            # the destination is placed for every server of the group (docs/groups.md)
+            self.group.approve(call.tool, decision.argument, decision.destination, persist)
         if persist and key not in self.remembered and len(self.remembered) < APPROVALS_MAX:
             self.remembered.add(key)
             if self.approvals_saver is not None:

@@ -40,8 +40,12 @@ def bounded(text: str) -> str:
     return f"{text[:_REASON_CHARS]}... ({len(text)} characters)"
 
 
-def session_start(server: str, argv0: str, policy: str) -> Event:
-    return {"event": "session_start", "server": server, "argv0": argv0, "policy": policy}
+def session_start(server: str, argv0: str, policy: str, group: dict[str, object] | None = None) -> Event:
+    """``group``: the fields naming the client's group of servers (docs/groups.md), when in one."""
+    event: Event = {"event": "session_start", "server": server, "argv0": argv0, "policy": policy}
+    if group:
+        event.update(group)
+    return event
 
 
 def policy_load(source: str, policy: str) -> Event:

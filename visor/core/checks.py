@@ -268,7 +268,8 @@ class PolicyChecks(Checks):
         self._emit(action)
 
     def start(self) -> None:
-        self._append(events.session_start(self.server, self._argv0, self.policy.sha256))
+        group = self.session.group.audit() if self.session.group is not None else None
+        self._append(events.session_start(self.server, self._argv0, self.policy.sha256, group))
         self._append(events.policy_load(str(self.policy.source), self.policy.sha256))
 
     # ------------------------------------------------------------- decisions

@@ -24,12 +24,8 @@ from pathlib import Path
 
 from visor.groups import identity
 from visor.groups.store import (
-    ASSERTED,
-    ATTRIBUTED,
     DEFAULT_MAX_KEYS,
     JOIN_TIMEOUT_S,
-    KINDS,
-    OUTPUT,
     GroupStore,
     GroupStoreError,
     mark_lost,
@@ -37,6 +33,7 @@ from visor.groups.store import (
 )
 from visor.logs import get_logger
 from visor.policy import destinations as dst
+from visor.policy.destinations import ASSERTED, ATTRIBUTED, KINDS, OUTPUT
 
 log = get_logger("visor.groups")
 

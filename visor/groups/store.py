@@ -49,14 +49,16 @@ from pathlib import Path
 from visor.audit.paths import visor_home
 from visor.groups import identity
 from visor.logs import get_logger
+
+# The kinds of place a key was seen in are the session's (re-exported here).
+from visor.policy.destinations import ASSERTED as ASSERTED
+from visor.policy.destinations import ATTRIBUTED as ATTRIBUTED
+from visor.policy.destinations import KINDS, OUTPUT
 from visor.userfiles import ensure_dir
 
 log = get_logger("visor.groups")
 
 STORE_FORMAT = 1
-#: Kinds of place a key was seen in (the session's three indexes).
-OUTPUT, ASSERTED, ATTRIBUTED = 0, 1, 2
-KINDS = (OUTPUT, ASSERTED, ATTRIBUTED)
 #: Keys the store holds at most (all kinds together), as ``output_index_max_keys``.
 DEFAULT_MAX_KEYS = 1_000_000
 #: How long a per-message read or write waits for a lock before failing closed.

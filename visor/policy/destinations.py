@@ -655,6 +655,12 @@ class TracingTable(DigestTable):
             self.first.setdefault(hash(key) or 1, self.now)
 
 
+#: Kinds of place in output a key was seen in: free text (``OutputIndex``), a
+#: field the service asserts, a field a third party writes. The session keeps
+#: one index of each; the group store (visor/groups/) keeps them apart.
+OUTPUT, ASSERTED, ATTRIBUTED = 0, 1, 2
+KINDS = (OUTPUT, ASSERTED, ATTRIBUTED)
+
 #: Keys the output index holds at most (each 8-16 bytes): 16 MiB at the bound
 #: (``settings.output_index_max_keys``).
 DEFAULT_INDEX_MAX_KEYS = 1_000_000
@@ -681,9 +687,17 @@ class OutputIndex:
     _SHORT = 128
     _SHORT_CAP = 32_768
 
-    def __init__(self, max_keys: int = DEFAULT_INDEX_MAX_KEYS, trace: bool = False) -> None:
-        tracing = TracingTable(max_keys) if trace else None
-        self._keys: DigestTable | set[str] = tracing if tracing is not None else DigestTable(max_keys)
+    def __init__(
+        self, max_keys: int = DEFAULT_INDEX_MAX_KEYS, trace: bool = False, table: TracingTable | None = None
+    ) -> None:
+        # ``table``: a key table made by the caller (the group's, which also
+        # shares every new key with the other servers of the client: visor/groups/).
+        if table is not None:
+            tracing = table if trace else None
+            self._keys: DigestTable | set[str] = table
+        else:
+            tracing = TracingTable(max_keys) if trace else None
+            self._keys = tracing if tracing is not None else DigestTable(max_keys)
         self._seen_chunks: set[str] = set()
         self._seen_texts: set[str] = set()
         # With ``trace``: where each key was first seen (``TracingTable``), for

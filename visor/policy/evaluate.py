@@ -398,6 +398,12 @@ UNTRUSTED_OUTPUT_ASK = "provenance.untrusted_output_ask"
 def _seen_where(c: _Ctx, d: dst.Dest, attributed: bool = False) -> str:
     where = c.session.where_seen(d, attributed)
     if where is None:
+        group = c.session.group
+        server = group.where(d, dst.ATTRIBUTED if attributed else dst.OUTPUT) if group is not None else None
+        if group is not None and server is not None:
+            # shown by another server the same client started (or by this one,
+            # where the tool and field were not recorded)
+            return f"in the output of server {server!r} of this client's group {group.name!r}"
         return "in this session's tool output (the tool and field were not recorded)"
     tool, field = where
     return f"in the output of tool {tool!r}, field {field}"
@@ -436,9 +442,21 @@ def check_provenance(c: _Ctx) -> Decision | None:
         d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(read[i][1])
         for i, (arg, d) in enumerate(parsed)
     ]
+    group = session.group
+    # What the group says of each destination's free-text keys (True, False,
+    # None: cannot tell), asked at most once per destination.
+    group_seen: dict[int, bool | None] = {}
+
+    def seen_in_group(i: int, d: dst.Dest) -> bool | None:
+        if group is None:
+            return False
+        if i not in group_seen:
+            group_seen[i] = group.seen(d)
+        return group_seen[i]
+
     ask_seen: Decision | None = None
     # every deny first ...
-    for (arg, d), ok in zip(parsed, placed, strict=True):
+    for i, ((arg, d), ok) in enumerate(zip(parsed, placed, strict=True)):
         if denied and d.domain and any(dst.domain_within(d.domain, p) for p in denied):
             return _deny(
                 "provenance.denied_destination",
@@ -448,8 +466,9 @@ def check_provenance(c: _Ctx) -> Decision | None:
             )
         # Output is untrusted: a destination its free text showed is refused,
         # unless placed above (a domain or prefix in the trust list does not
-        # vouch for every address under it).
-        if not ok and session.output.seen(d):
+        # vouch for every address under it). So is one that another server
+        # of the client's group showed.
+        if not ok and (session.output.seen(d) or seen_in_group(i, d) is True):
             if _untrusted_mode(c) == "ask":
                 if ask_seen is None:
                     ask_seen = _ask(
@@ -463,7 +482,9 @@ def check_provenance(c: _Ctx) -> Decision | None:
                 continue
             return _deny(
                 "provenance.untrusted_output",
-                f"destination {d.value} in argument {arg!r} appeared in this session's tool output",
+                f"destination {d.value} in argument {arg!r} appeared {_seen_where(c, d)}"
+                if not session.output.seen(d)
+                else f"destination {d.value} in argument {arg!r} appeared in this session's tool output",
                 destination=d.key,
                 argument=arg,
             )
@@ -471,10 +492,10 @@ def check_provenance(c: _Ctx) -> Decision | None:
         return ask_seen
     # ... then what a human must place
     full = session.output.saturated
-    for (arg, d), ok in zip(parsed, placed, strict=True):
+    for i, ((arg, d), ok) in enumerate(zip(parsed, placed, strict=True)):
         if ok:
             continue
-        if session.attributed.seen(d):
+        if session.attributed.seen(d) or (group is not None and group.seen(d, dst.ATTRIBUTED) is True):
             # Seen only in a field a third party writes (a received mail's
             # sender): a real sender, but whoever mails the user writes it.
             return _ask(
@@ -486,7 +507,19 @@ def check_provenance(c: _Ctx) -> Decision | None:
             )
         if trust.covers(d):
             if not full:
-                continue
+                if seen_in_group(i, d) is False:
+                    continue
+                # The group cannot tell whether another server of the client
+                # showed it (its store cannot be reached, a write was lost, it
+                # is full): a domain or prefix never vouches for that.
+                return _ask(
+                    "provenance.group_unavailable",
+                    f"destination {d.value} in argument {arg!r} is trusted by domain or prefix, but "
+                    f"this client's group of servers ({group.name if group is not None else '?'}) cannot "
+                    "tell whether another server's output showed it",
+                    destination=d.key,
+                    argument=arg,
+                )
             # The index dropped keys once it was full: "not seen" proves nothing,
             # and a domain or prefix in the trust list never vouched for an
             # address that output showed. A human places it.
@@ -513,14 +546,19 @@ def check_provenance(c: _Ctx) -> Decision | None:
 
 
 def check_egress(c: _Ctx) -> Decision | None:
-    if not c.session.taints:
+    # with a group, taints raised by any server of the client count
+    taints = c.session.all_taints()
+    if not taints:
         return None
-    hit = chains.egress_hit(c.policy.egress_controls, c.session.taints, c.call.server, c.call.tool)
+    hit = chains.egress_hit(c.policy.egress_controls, taints, c.call.server, c.call.tool)
     if hit is None:
         return None
-    reason = (
-        hit.reason or f"the session is tainted ({hit.when_tainted}) and {c.call.tool!r} is an egress sink"
+    where = (
+        "the session is tainted"
+        if hit.when_tainted in c.session.taints
+        else "another server of this client's group is tainted (or the group cannot tell)"
     )
+    reason = hit.reason or f"{where} ({hit.when_tainted}) and {c.call.tool!r} is an egress sink"
     return Decision(hit.action, f"egress_controls[{hit.name}]", reason)
 
 
