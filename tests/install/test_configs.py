@@ -146,19 +146,25 @@ def test_wrapped_entry_keeps_env_cwd_and_the_original() -> None:
     )
 
 
-def test_remote_entries_are_untouched_and_reported() -> None:
+def test_remote_entries_are_wrapped_with_url_and_legacy_sse_left_alone() -> None:
     for text, path in ((CLAUDE_CODE, ".mcp.json"), (CURSOR, "mcp.json"), (VSCODE, ".vscode/mcp.json")):
         config = load_text(text, path)
         plan = plan_wrap(config, None, OPTIONS)
-        remote = [e for e, _ in plan.skipped if e.kind == "remote"]
-        assert remote, path
         after = jsonc_value(plan.text)
         block = "servers" if "servers" in after else "mcpServers"
+        remote = [e for e in config.entries if e.kind == "remote"]
+        assert remote, path
         for e in remote:
-            assert after[block][e.name] == e.value
-            # the entry's text itself is unchanged
-            node = e.member.value
-            assert text[node.start : node.end] in plan.text
+            if e.name == "sse":
+                # the legacy transport: not spoken by visor run --url, so the entry's text is unchanged
+                assert (e, e.note) in plan.skipped and "/sse" in e.note
+                node = e.member.value
+                assert text[node.start : node.end] in plan.text
+                continue
+            assert e in plan.changed
+            options, upstream = wrapped_run_args(after[block][e.name]) or ([], ["?"])
+            assert upstream == [] and options[-2:] == ["--url", e.value["url"]]
+        assert undo(plan.text, path) == text
 
 
 def test_vscode_comments_outside_entries_survive_and_inside_come_back_on_undo() -> None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from visor.http.headers import RESERVED as RESERVED_HEADERS
+from visor.http.target import UrlError, check_url, display_url
 from visor.install.jsonc import Document, JsoncError, Member, Node, parse
 
 UPSTREAM_KEY = "x-visor-upstream"
@@ -60,9 +63,13 @@ class Entry:
         """The command line the entry runs, or its URL, shortened for a listing."""
         v = self.fields
         if self.kind == "remote":
-            return str(v.get("url", v.get("type", "")))
+            url = v.get("url", v.get("serverUrl"))
+            # without user info or query values: they may hold a token
+            return display_url(url) if isinstance(url, str) else str(v.get("type", ""))
         if self.kind == "wrapped":
             up = v.get(UPSTREAM_KEY)
+            if isinstance(up, dict) and "url" in up and isinstance(up["url"], str):
+                return f"--url {display_url(up['url'])}"
             src = real_server(up) if isinstance(up, dict) else v
         else:
             src = real_server(v)
@@ -244,7 +251,7 @@ def classify(value: object) -> tuple[str, str]:
         return "seed", f"wrapped by {seed.tool}"
     kind = str(value.get("type", "")).lower()
     if "url" in value or "serverUrl" in value or kind in _REMOTE_TYPES:
-        return "remote", "remote server: not covered, Visor wraps stdio servers only"
+        return "remote", remote_refusal(value) or ""
     if not isinstance(value.get("command"), str):
         return "other", "no command"
     args = value.get("args", [])
@@ -419,12 +426,17 @@ def current_options(entry: Mapping[str, object]) -> tuple[dict[str, str], list[s
     if split is None:
         return None
     options, _ = split
+    remote = _is_remote_original(entry.get(UPSTREAM_KEY))
     managed: dict[str, str] = {}
     other: list[str] = []
     i = 0
     while i < len(options):
         opt = options[i]
         key, eq, value = opt.partition("=")
+        if key in ("--url", "--header") and remote:
+            # written from the remote original on every rewrap, not an option to carry over
+            i += 1 if eq else 2
+            continue
         if key in MANAGED_OPTIONS:
             if not eq:
                 if i + 1 >= len(options):
@@ -452,7 +464,12 @@ def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]
             f"left alone: edit it by hand, or `visor init --undo --server {e.name}` and wrap again"
         )
     extra = {k: v for k, v in value.items() if k not in ("command", "args", UPSTREAM_KEY)}
-    original = {k: v for k, v in real_server(up).items() if k not in ("command", "args")}
+    if _is_remote_original(up):
+        assert isinstance(up, dict)
+        as_wrapped = remote_wrapped_value(up, e.name, WrapOptions())
+        original = {k: v for k, v in as_wrapped.items() if k not in ("command", "args")}
+    else:
+        original = {k: v for k, v in real_server(up).items() if k not in ("command", "args")}
     if extra != original:
         return None, (
             "already wrapped, and edited since (its keys differ from the original's); left alone: "
@@ -489,6 +506,12 @@ def _seed_wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     seed's wrapper, not from text in this place); the seed's entry is kept
     verbatim under x-visor-upstream, so undo gives back exactly that.
     """
+    real = real_server(entry.value)
+    return _data_wrapped_text(text, entry, wrapped_value(real, entry.name, options))
+
+
+def _data_wrapped_text(text: str, entry: Entry, members: Mapping[str, object]) -> str:
+    """`members` written as the entry, in the file's layout, with the original under x-visor-upstream."""
     node = entry.member.value
     original = text[node.start : node.end]
     nl = _newline(text)
@@ -500,10 +523,9 @@ def _seed_wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
         first = _line_indent(text, node.members[0].key_start)
         if first.startswith(outer) and len(first) > len(outer):
             inner, unit = first, first[len(outer) :]
-    real = real_server(entry.value)
     parts = [
         f"{json.dumps(k, ensure_ascii=False)}: {_dump(v, unit if multiline else None, inner, nl)}"
-        for k, v in wrapped_value(real, entry.name, options).items()
+        for k, v in members.items()
         if k != UPSTREAM_KEY
     ]
     if not multiline:
@@ -513,10 +535,124 @@ def _seed_wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     return "{" + nl + ("," + nl).join(inner + p for p in parts) + nl + outer + "}"
 
 
+# --------------------------------------------------------- remote entries
+
+#: A remote entry's header values move to the wrapped entry's ``env`` under these names, and its
+#: args say ``--header 'Name: ${VISOR_HEADER_NAME}'``: `visor run` reads the value from the
+#: environment the client starts it in, so a token is never on a command line (``ps``, logs).
+HEADER_ENV_PREFIX = "VISOR_HEADER_"
+# What a client's `type` says for Streamable HTTP (none: the client infers it from the url).
+_STREAMABLE_TYPES = frozenset({"", "http", "streamable-http", "streamablehttp"})
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def header_env_name(header: str) -> str:
+    return HEADER_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", header.upper())
+
+
+def remote_refusal(value: Mapping[str, object]) -> str | None:
+    """Why a remote entry is not wrapped (the listing says it), or None when `visor run --url` can take it."""
+    kind = str(value.get("type", "")).lower()
+    url = value.get("url")
+    if url is None:
+        return "remote server without a url key (serverUrl, or a type only): not rewritten; wrap it by hand"
+    if kind == "sse":
+        return (
+            "legacy HTTP+SSE server (type sse): `visor run --url` speaks Streamable HTTP only; left alone, "
+            "not protected"
+        )
+    if kind not in _STREAMABLE_TYPES:
+        return f"remote server of type {kind!r}: not a transport Visor speaks; left alone, not protected"
+    if "command" in value:
+        return "has both url and command: unclear which the client runs; left alone"
+    if not isinstance(url, str):
+        return "url is not a string; left alone"
+    if "${" in url:
+        return (
+            "the url holds a ${...} placeholder the client fills in; `visor run --url` needs the URL itself"
+        )
+    try:
+        check_url(url)
+    except UrlError as exc:
+        return f"{exc}; left alone"
+    if not kind and url.split("?", 1)[0].rstrip("/").endswith("/sse"):
+        return (
+            'no type, and the url ends in /sse (the legacy HTTP+SSE endpoint): left alone; add "type": '
+            '"http" if it is Streamable HTTP'
+        )
+    headers = value.get("headers", {})
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        return "headers is not an object of strings; left alone"
+    env = value.get("env", {})
+    if not isinstance(env, dict):
+        return "env is not an object; left alone"
+    names: set[str] = set()
+    for header in headers:
+        if not _HEADER_NAME.fullmatch(header):
+            return f"header name {header!r} is not a valid HTTP field name; left alone"
+        if header.lower() in RESERVED_HEADERS or header.lower().startswith("mcp-param-"):
+            return f"header {header} is one Visor sets itself from the protocol; left alone"
+        var = header_env_name(header)
+        if var in names or var in env:
+            return f"two headers (or env) would share the variable {var}; left alone"
+        names.add(var)
+    return None
+
+
+def remote_run_args(name: str, entry: Mapping[str, object], options: WrapOptions) -> list[str]:
+    """`run [options] --url URL --header 'Name: ${VISOR_HEADER_NAME}'...` for a remote entry."""
+    head = visor_args(name, [], options.policy, options)
+    assert head[-1] == "--"
+    args = [*head[:-1], "--url", str(entry["url"])]
+    headers = entry.get("headers", {})
+    assert isinstance(headers, dict)
+    for header in headers:
+        args += ["--header", f"{header}: ${{{header_env_name(header)}}}"]
+    return args
+
+
+def remote_wrapped_value(entry: Mapping[str, object], name: str, options: WrapOptions) -> dict[str, object]:
+    """A remote entry as the stdio entry that runs `visor run --url` (key order kept)."""
+    headers = entry.get("headers", {})
+    assert isinstance(headers, dict)
+    moved = {header_env_name(h): v for h, v in headers.items()}
+    out: dict[str, object] = {}
+    for k, v in entry.items():
+        if k == "url":
+            out["command"] = options.visor_command
+            out["args"] = remote_run_args(name, entry, options)
+            if moved and "env" not in entry:
+                out["env"] = moved
+        elif k == "env":
+            assert isinstance(v, dict)
+            out["env"] = {**v, **moved}
+        elif k == "type":
+            out["type"] = "stdio"  # the client now starts a process; it no longer connects
+        elif k != "headers":
+            out[k] = v
+    return out
+
+
+def header_values(entry: Mapping[str, object]) -> list[str]:
+    """The header values of a remote entry, or of the remote original of a wrapped one."""
+    up = entry.get(UPSTREAM_KEY)
+    src = up if isinstance(up, dict) else entry
+    headers = src.get("headers")
+    if not isinstance(headers, dict):
+        return []
+    return [v for v in headers.values() if isinstance(v, str) and v]
+
+
+def _is_remote_original(value: object) -> bool:
+    return isinstance(value, dict) and "url" in value and "command" not in value
+
+
 def _wrapped_text(text: str, entry: Entry, options: WrapOptions) -> str:
     """The wrapped entry's text: same key order, other members copied verbatim."""
     if entry.kind == "seed":
         return _seed_wrapped_text(text, entry, options)
+    if entry.kind == "remote":
+        return _data_wrapped_text(text, entry, remote_wrapped_value(entry.fields, entry.name, options))
     node = entry.member.value
     original = text[node.start : node.end]
     nl = _newline(text)
@@ -577,7 +713,9 @@ def _rewrap_text(text: str, entry: Entry, options: WrapOptions, config_path: str
         (
             x
             for x in again.entries
-            if x.block == entry.block and x.name == entry.name and x.kind in ("stdio", "seed")
+            if x.block == entry.block
+            and x.name == entry.name
+            and (x.kind in ("stdio", "seed") or (x.kind == "remote" and remote_refusal(x.fields) is None))
         ),
         None,
     )
@@ -632,6 +770,14 @@ def plan_wrap(
     skipped: list[tuple[Entry, str]] = []
     for e in select(config, names):
         if e.kind == "stdio":
+            node = e.member.value
+            edits.append((node.start, node.end, _wrapped_text(text, e, options)))
+            changed.append(e)
+        elif e.kind == "remote":
+            why = remote_refusal(e.fields)
+            if why is not None:
+                skipped.append((e, why))
+                continue
             node = e.member.value
             edits.append((node.start, node.end, _wrapped_text(text, e, options)))
             changed.append(e)

@@ -20,6 +20,7 @@ from visor.install.configs import (
     Update,
     WrapOptions,
     command_line,
+    header_values,
     home_dir,
     known_locations,
     load_text,
@@ -95,6 +96,21 @@ def render_plan(plan: Plan, verb: str) -> list[str]:
     for e, why in plan.skipped:
         lines.append(f"  {'skip':<8} {e.label:<24} {why}")
     return lines
+
+
+def hide_header_values(diff: str, values: list[str]) -> str:
+    """The diff with every HTTP header value of a remote entry shown as <hidden>: they hold tokens."""
+    import json
+
+    # Whole JSON strings as a file spells them, then (long enough not to hit ordinary words) the
+    # bare text, in case a value sits inside another string; longest first.
+    quoted = {json.dumps(v, ensure_ascii=a) for v in values for a in (False, True)}
+    bare = {v for v in values if len(v) >= 6}
+    for text in sorted(quoted, key=len, reverse=True):
+        diff = diff.replace(text, '"<hidden>"')
+    for text in sorted(bare, key=len, reverse=True):
+        diff = diff.replace(text, "<hidden>")
+    return diff
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -227,7 +243,8 @@ def run_init(args: argparse.Namespace) -> int:
         print("nothing to change")
         return 0
     print()
-    print(unified_diff(config.doc.text, plan.text, str(shown)), end="")
+    diff = unified_diff(config.doc.text, plan.text, str(shown))
+    print(hide_header_values(diff, [v for e in plan.changed for v in header_values(e.fields)]), end="")
     if warning and not args.undo:
         print(warning, file=sys.stderr)
     if not args.undo:
@@ -238,6 +255,14 @@ def run_init(args: argparse.Namespace) -> int:
                 print(
                     f"note: {e.label} was wrapped by {seed.tool}: Visor now runs the server inside it "
                     f"({' '.join(command_line(seed.upstream))}){kept}; --undo restores the {seed.tool} entry",
+                    file=sys.stderr,
+                )
+        for e in plan.changed:
+            if e.kind == "remote" and header_values(e.fields):
+                print(
+                    f"note: {e.label}: its header values moved to the entry's env (VISOR_HEADER_*), which "
+                    "the client passes to `visor run`, so no token is on a command line; they stay in this "
+                    "file (and in x-visor-upstream, for --undo) as before",
                     file=sys.stderr,
                 )
     if policy is not None:
@@ -349,7 +374,7 @@ def run_list() -> int:
                 "stdio": "not wrapped",
                 "wrapped": "wrapped",
                 "seed": "wrapped by a seed",
-                "remote": "remote (not covered)",
+                "remote": "remote (not wrapped)" if e.note == "" else "remote (not covered)",
                 "other": "unknown",
             }[e.kind]
             if e.kind == "wrapped" and wrapped_run_args(e.fields) is None:
