@@ -18,12 +18,8 @@ def _dest(s: str) -> dst.Dest:
 
 
 def _index(group: GroupIndex, trace: bool = False) -> dst.OutputIndex:
-    """An OutputIndex whose key table is the group's (what the session wiring will do)."""
-    idx = dst.OutputIndex(1000, trace=trace)
-    idx._keys = group.table(OUTPUT, 1000, trace=trace)
-    if trace:
-        idx.where = idx._keys
-    return idx
+    """An OutputIndex whose key table is the group's (as SessionState builds it)."""
+    return dst.OutputIndex(1000, trace=trace, table=group.table(OUTPUT, 1000, trace=trace))
 
 
 def test_output_indexed_in_one_process_is_seen_by_another() -> None:
