@@ -5,6 +5,11 @@ miss, as point queries), per ``seen_any`` of a destination's keys, and per
 ``record_outputs`` of 100 new keys (one transaction), on a store in a
 temporary ``$VISOR_HOME`` that already holds ``preload`` keys. The figures
 are CPU time (user and system) per call.
+
+``python -m visor.groups.bench --evaluator [OUTPUTS]`` prints what the
+evaluator costs for an allowed send on the 30-rule bench policy, without a
+group and with one, to an exactly trusted address and to one trusted by
+domain, after 0 and OUTPUTS indexed 4 KB outputs.
 """
 
 from __future__ import annotations
@@ -64,7 +69,57 @@ def measure(preload: int = 100_000, rounds: int = 20_000, home: Path | None = No
     return StoreFigures(preload, hit, miss, any3, record)
 
 
+def evaluator_rows(outputs: int = 1000, rounds: int = 2000) -> dict[str, float]:
+    """Microseconds (CPU) per ``evaluate`` of an allowed send, with and without a group."""
+    from visor.bench.echo_server import TOOLS
+    from visor.bench.micro import BENCH_POLICY, _extra_tools, ticket
+    from visor.groups.identity import GroupIdentity
+    from visor.groups.index import GroupIndex
+    from visor.policy.evaluate import ToolCall, evaluate
+    from visor.policy.loader import load_policy_text
+    from visor.session import SessionState
+
+    text = BENCH_POLICY.read_text(encoding="utf-8")
+    exact_trust = 'trusted_destinations: ["boss@example.com", "team@example.com"]'
+    if exact_trust not in text:
+        raise SystemExit(f"{BENCH_POLICY} no longer says {exact_trust}: update this benchmark")
+    # the same policy with a domain in the trust list: such a send needs the group's "not seen"
+    policy = load_policy_text(text.replace(exact_trust, exact_trust[:-1] + ', "@example.org"]'), "bench")
+    calls = {
+        "exact trust": ToolCall("bench", "send_email", {"to": "boss@example.com", "body": "numbers"}),
+        "trusted by domain": ToolCall("bench", "send_email", {"to": "carol@example.org", "body": "numbers"}),
+    }
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (0, outputs):
+            for grouped in (False, True):
+                group = (
+                    GroupIndex.join(GroupIdentity(f"bench-{n}", "option"), "bench", home=Path(tmp))
+                    if grouped
+                    else None
+                )
+                session = SessionState(policy, "bench", group=group)
+                session.observe_tools_list({"tools": [*TOOLS["tools"], *_extra_tools()]})
+                for i in range(n):
+                    session.observe_output("read_ticket", ticket(i))
+                for what, call in calls.items():
+                    decision = evaluate(policy, session, call)
+                    if decision.action != "allow":
+                        raise SystemExit(f"bench send ({what}) was not allowed: {decision}")
+                    label = f"{'group   ' if grouped else 'no group'} {n:6} outputs, {what}"
+                    out[label] = _per_call(lambda _i, c=call, s=session: evaluate(policy, s, c), rounds)
+                if group is not None:
+                    group.close()
+    return out
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--evaluator":
+        rows = evaluator_rows(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
+        print("evaluator, allowed send, CPU time per call:", file=sys.stderr)
+        for label, us in rows.items():
+            print(f"  {label:42} {us:8.1f} us", file=sys.stderr)
+        return 0
     preload = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     f = measure(preload)
     print(
