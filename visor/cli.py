@@ -236,6 +236,8 @@ def build_parser(*, run_only: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     _add_run(sub)
     if run_only:
+        for register in _optional_registrations(_RUN_OPTION_MODULES):
+            register(sub)
         return parser
     version = add_command(sub, "version", "print the version", "Print the version of Visor.", "visor version")
     version.set_defaults(func=_cmd_version)
@@ -273,7 +275,7 @@ def build_parser(*, run_only: bool = False) -> argparse.ArgumentParser:
         "--arguments", default="{}", metavar="JSON", help="with --server-cmd: the call's arguments"
     )
     bench.set_defaults(func=_cmd_bench)
-    for register in _optional_registrations():
+    for register in _optional_registrations(_COMMAND_MODULES):
         register(sub)
     return parser
 
@@ -287,13 +289,17 @@ _COMMAND_MODULES = (
     "visor.watch",
     "visor.serve.command",
 )
+# Those of them that also add options to `visor run` (its parser alone is built for `visor run`).
+_RUN_OPTION_MODULES = ("visor.audit.commands",)
 
 
-def _optional_registrations() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
+def _optional_registrations(
+    names: Sequence[str],
+) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     import importlib
 
     registrations = []
-    for name in _COMMAND_MODULES:
+    for name in names:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
