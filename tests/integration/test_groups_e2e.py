@@ -99,6 +99,9 @@ class Pair:
         return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
     def records(self, server: str, event: str) -> list[dict]:
+        """Records of ``event`` in a server's log, read once every session has
+        ended: records that need no fsync (ask, deny, taint) are on disk by then."""
+        self.close()
         return [r for r in records(self.audit(server)) if r["event"] == event]
 
     def close(self) -> None:
@@ -160,13 +163,14 @@ def test_a_taint_raised_in_one_session_blocks_egress_in_the_other(pair: Pair) ->
     call(chat, 1, "share_file", {"file_id": "3", "email": "alex.m@corp.example", "permission": "r"})
     assert recv_id(chat, 1)["result"]["isError"] is False
     _read_inbox(mail)  # raises inbox_read in the mail server's session
-    assert [r["taint"] for r in pair.records("mail", "taint")] == ["inbox_read"]
     call(chat, 2, "share_file", {"file_id": "3", "email": "alex.m@corp.example", "permission": "r"})
     resp = recv_id(chat, 2)
     assert resp["result"]["isError"] is True
     assert "egress_controls[no_sharing_after_the_inbox]" in _text(resp)
     assert "another server of this client's group" in _text(resp)
     assert len(pair.sent("chat")) == 1
+    assert [r["taint"] for r in pair.records("mail", "taint")] == ["inbox_read"]
+    assert pair.records("chat", "taint") == []
 
 
 def test_a_humans_yes_in_one_session_places_the_destination_in_the_other(pair: Pair) -> None:
@@ -247,23 +251,21 @@ def test_a_group_store_that_cannot_be_reached_asks_never_trusts(pair: Pair, dama
     resp = _send(chat, 1, "carol@corp.example")
     assert resp["result"]["isError"] is True
     assert "provenance.group_unavailable" in _text(resp) or "approval.unavailable" in _text(resp)
+    assert pair.sent("chat") == []
+    # the same call with no group at all is allowed: only the group's silence asked
+    alone = pair.start("mail", "--no-group")
+    assert _send(alone, 2, "carol@corp.example")["result"]["isError"] is False
     (ask,) = pair.records("chat", "ask")
     assert ask["rule"] == "provenance.group_unavailable"
     assert ask["destination"] == "email:carol@corp.example"
     (start,) = pair.records("chat", "session_start")
     assert start["group"] == "broken"
     assert start["group_store"].startswith("unavailable: ")
-    assert pair.sent("chat") == []
-    # the same call with no group at all is allowed: only the group's silence asked
-    alone = pair.start("mail", "--no-group")
-    assert _send(alone, 2, "carol@corp.example")["result"]["isError"] is False
 
 
 def test_a_tool_call_naming_the_group_store_is_denied(pair: Pair) -> None:
     chat = pair.start("chat")
-    (start,) = pair.records("chat", "session_start")
-    db = Path(os.environ["VISOR_HOME"]) / "groups" / f"{start['group']}.sqlite"
-    assert db.exists()
+    (db,) = (Path(os.environ["VISOR_HOME"]) / "groups").glob("*.sqlite")  # this session's group
     for i, path in enumerate([str(db), str(db) + "-wal", str(db.parent / "anything")]):
         call(chat, i, "share_file", {"file_id": path, "email": "alex.m@corp.example"})
         resp = recv_id(chat, i)

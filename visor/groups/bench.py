@@ -20,7 +20,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from visor.groups.store import GroupStore
 
@@ -69,6 +71,12 @@ def measure(preload: int = 100_000, rounds: int = 20_000, home: Path | None = No
     return StoreFigures(preload, hit, miss, any3, record)
 
 
+def _evaluate_once(policy: Any, session: Any, call: Any, _i: int) -> object:
+    from visor.policy.evaluate import evaluate
+
+    return evaluate(policy, session, call)
+
+
 def evaluator_rows(outputs: int = 1000, rounds: int = 2000) -> dict[str, float]:
     """Microseconds (CPU) per ``evaluate`` of an allowed send, with and without a group."""
     from visor.bench.echo_server import TOOLS
@@ -107,7 +115,7 @@ def evaluator_rows(outputs: int = 1000, rounds: int = 2000) -> dict[str, float]:
                     if decision.action != "allow":
                         raise SystemExit(f"bench send ({what}) was not allowed: {decision}")
                     label = f"{'group   ' if grouped else 'no group'} {n:6} outputs, {what}"
-                    out[label] = _per_call(lambda _i, c=call, s=session: evaluate(policy, s, c), rounds)
+                    out[label] = _per_call(partial(_evaluate_once, policy, session, call), rounds)
                 if group is not None:
                     group.close()
     return out
