@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.groups.helpers import run_py
@@ -154,3 +156,13 @@ def test_group_table_is_a_drop_in_for_the_local_table() -> None:
     assert len(t) == 2 and "token:a" in t and "token:z" not in t
     assert t.first == {}  # no tracing unless asked
     assert isinstance(gs.DEFAULT_MAX_KEYS, int)
+
+
+def test_a_groups_folder_that_cannot_be_made_gives_an_unavailable_group(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    g = GroupIndex.join(G, "mail", home=blocker / "home")  # mkdir fails: NotADirectoryError
+    assert g.available is False and g.failure is not None and "NotADirectoryError" in g.failure
+    assert g.seen(_dest("anyone@corp.example")) is None
+    assert g.taints() is None
+    assert g.audit()["group_store"].startswith("unavailable: NotADirectoryError")

@@ -19,6 +19,7 @@ the group could not yet see.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,7 +109,9 @@ class GroupIndex:
             store = GroupStore(
                 ident.name, server, max_keys=max_keys, client=ident, home=home, join_timeout=join_timeout
             )
-        except GroupStoreError as exc:
+        except (GroupStoreError, OSError, sqlite3.Error) as exc:
+            # OSError: the folder cannot even be made ($VISOR_HOME under a file,
+            # a read-only mount); never a reason to stop the server starting
             reason = f"{type(exc).__name__}: {exc}"
             # The other members must not read our absence as "not seen": tell
             # them the group's record is incomplete (a plain file beside it).
