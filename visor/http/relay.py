@@ -16,67 +16,70 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from visor.http.upstream import HttpUpstream, HttpUpstreamConfig
 from visor.logs import get_logger
-from visor.relay.proxy import Relay, _ClientLink
+from visor.relay.proxy import Relay, RelayConfig, ServerEnd, ServerLink
 from visor.wire.framer import Framer, Oversize, Truncated
+
+if TYPE_CHECKING:
+    from visor.core.checks import Checks
 
 log = get_logger("visor.http")
 
 _READ_CHUNK = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class _Pipes:
-    """What the relay's `_connect` takes from a spawned server: its end of each pipe."""
+class HttpLink(ServerLink):
+    """A Streamable HTTP session behind the relay's server pipes, with a pump each way."""
 
-    stdin_fd: int
-    stdout_fd: int
-
-
-class HttpRelay(Relay):
-    """One `visor run --url` session: a client's pipes and a Streamable HTTP server."""
-
-    def __init__(self, upstream: HttpUpstreamConfig, argv: list[str], *args: Any, **kwargs: Any) -> None:
-        super().__init__(argv, *args, **kwargs)
+    def __init__(self, upstream: HttpUpstreamConfig, config: RelayConfig) -> None:
         self.upstream_config = upstream
+        self.config = config
         self.http: HttpUpstream | None = None
         self._answers_pump: asyncio.Task[None] | None = None
+        self._pumps: list[asyncio.Task[None]] = []
 
-    async def run(self, client_in_fd: int, client_out_fd: int) -> int:
+    async def start(self) -> tuple[int, int]:
         loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._server_eof = loop.create_future()
         self.http = HttpUpstream(self.upstream_config)
-        # Only what every version of the stdio relay reads is touched here: run() sets the loop,
-        # the server-EOF future and `_upstream` (whose two fds `_connect` takes); the rest is ours.
         requests_r, requests_w = os.pipe()  # the relay writes the server's input into requests_w
         answers_r, answers_w = os.pipe()  # and reads the server's output from answers_r
         for fd in (requests_r, requests_w, answers_r, answers_w):
             os.set_blocking(fd, False)
-        self._upstream = _Pipes(requests_w, answers_r)  # type: ignore[assignment]
-        pumps: list[asyncio.Task[None]] = []
-        try:
-            await self._connect(loop, client_in_fd, client_out_fd)
-            self._answers_pump = loop.create_task(self._pump_answers(answers_w))
-            pumps = [loop.create_task(self._pump_requests(requests_r)), self._answers_pump]
-            if self.approvals is not None:
-                self.approvals.link = _ClientLink(self)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            self._watch_hangup(loop)
-            return await self._lifecycle()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-            await self._stop_reloading()
-            for task in pumps:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
+        self._answers_pump = loop.create_task(self._pump_answers(answers_w))
+        self._pumps = [loop.create_task(self._pump_requests(requests_r)), self._answers_pump]
+        return requests_w, answers_r
+
+    async def finish(self) -> ServerEnd:
+        assert self.http is not None
+        await self.http.close()
+        failure = self.http.failure
+        if failure is not None:
+            return ServerEnd(1, {"upstream": self.http.shown_url, "error": str(failure)}, failed=True)
+        return ServerEnd(0, {"upstream": self.http.shown_url})
+
+    async def stop(self, server_eof: asyncio.Future[None]) -> None:
+        # As for a child process: the closed input first gets the shutdown grace to end the
+        # session in order (requests in flight answered), then the session is ended outright.
+        assert self.http is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(server_eof), self.config.shutdown_grace)
+        if server_eof.done():
+            return
+        await self.http.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
+        if not server_eof.done() and self._answers_pump is not None:
+            # Closing our end of the server's output is the server's EOF, whatever still waits.
+            self._answers_pump.cancel()
+
+    async def close(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        if self.http is not None:
             await self.http.close()
 
     async def _pump_requests(self, fd: int) -> None:
@@ -120,32 +123,17 @@ class HttpRelay(Relay):
         finally:
             writer.close()
 
-    async def _lifecycle(self) -> int:
-        server_eof = self._server_eof
-        assert server_eof is not None and self.http is not None
-        await server_eof
-        await self.http.close()
-        await self._close_client_out()
-        await self.close()
-        failure = self.http.failure
-        if failure is not None:
-            log.error("session_end", upstream=self.http.shown_url, error=str(failure))
-            return 1
-        log.info("session_end", upstream=self.http.shown_url)
-        return 0
 
-    async def _escalate_if_stuck(self) -> None:
-        # As for a child process: the closed input first gets the shutdown grace to end the
-        # session in order (requests in flight answered), then the session is ended outright.
-        server_eof = self._server_eof
-        assert server_eof is not None and self.http is not None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(server_eof), self.config.shutdown_grace)
-        if server_eof.done():
-            return
-        await self.http.close()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
-        if not server_eof.done() and self._answers_pump is not None:
-            # Closing our end of the server's output is the server's EOF, whatever still waits.
-            self._answers_pump.cancel()
+class HttpRelay(Relay):
+    """One `visor run --url` session: a client's pipes and a Streamable HTTP server."""
+
+    def __init__(
+        self,
+        upstream: HttpUpstreamConfig,
+        argv: list[str],
+        config: RelayConfig,
+        checks: Checks,
+        **kwargs: Any,
+    ) -> None:
+        self.http_link = HttpLink(upstream, config)
+        super().__init__(argv, config, checks, link=self.http_link, **kwargs)

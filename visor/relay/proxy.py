@@ -285,6 +285,77 @@ class _ClientLink:
         return self._relay.core.client_capabilities
 
 
+@dataclass(frozen=True, slots=True)
+class ServerEnd:
+    """How the server side ended: what `visor run` exits with, and the `session_end` log line's fields."""
+
+    status: int
+    detail: dict[str, Any]
+    failed: bool = False
+
+
+class ServerLink:
+    """What stands behind the server's two pipes: the relay writes the server's input to one
+    descriptor and reads its output from the other, whatever produces them.
+
+    `ProcessLink` (the default) is a child process; `visor run --url` puts an HTTP session there
+    (visor/http/relay.py). The relay owns both descriptors once `start` returns them.
+    """
+
+    async def start(self) -> tuple[int, int]:
+        """Start the server: (the descriptor of its input, the descriptor of its output)."""
+        raise NotImplementedError
+
+    async def finish(self) -> ServerEnd:
+        """The server's output ended: let it end in order and say how it ended."""
+        raise NotImplementedError
+
+    async def stop(self, server_eof: asyncio.Future[None]) -> None:
+        """The client's side ended and the server's input is closed: give the server its grace to
+        end (its output's EOF sets `server_eof`), then end it. The relay ends the output itself if
+        it is still open a second after this returns."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Every exit path, an exception included: nothing of the server survives."""
+
+
+class ProcessLink(ServerLink):
+    """A server child process started from argv (visor/relay/upstream.py)."""
+
+    def __init__(self, argv: list[str], config: RelayConfig) -> None:
+        self.argv = argv
+        self.config = config
+        self.upstream: upstream_mod.Upstream | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.upstream.pid if self.upstream is not None else None
+
+    async def start(self) -> tuple[int, int]:
+        up = self.upstream = await upstream_mod.spawn(self.argv)
+        return up.stdin_fd, up.stdout_fd
+
+    async def finish(self) -> ServerEnd:
+        assert self.upstream is not None
+        returncode = await upstream_mod.stop(
+            self.upstream, self.config.shutdown_grace, self.config.term_grace
+        )
+        return ServerEnd(upstream_mod.exit_status(returncode), {"returncode": returncode})
+
+    async def stop(self, server_eof: asyncio.Future[None]) -> None:
+        # The server may keep stdout open after its stdin closed: stdin, then signals.
+        assert self.upstream is not None
+        await upstream_mod.stop(self.upstream, self.config.shutdown_grace, self.config.term_grace)
+
+    async def close(self) -> None:
+        up = self.upstream
+        if up is not None:
+            # The process group is killed and the server reaped (no zombie).
+            upstream_mod.kill_group(up.pid)
+            await upstream_mod.reap(up)
+
+
 class Relay:
     """One `visor run` session between a client's pipes and a server's."""
 
@@ -300,8 +371,15 @@ class Relay:
         approvals_saver: Callable[[dict[str, Any]], None] | None = None,
         telemetry: DriverTelemetry | None = None,
         policy_source: PolicySource | None = None,
+        link: ServerLink | None = None,
+        handle_signals: bool = True,
     ) -> None:
         self.argv = argv
+        # What stands behind the server's pipes (a child process unless told otherwise).
+        self.link: ServerLink = link if link is not None else ProcessLink(argv, config)
+        # One `visor run` is one session and owns the process's SIGINT/SIGTERM/SIGHUP; a
+        # gateway running many relays in one loop handles signals itself (False).
+        self.handle_signals = handle_signals
         # Where SIGHUP reloads the policy from; None: SIGHUP keeps its default action.
         self.policy_source = policy_source
         self._reloading: asyncio.Task[None] | None = None
@@ -335,9 +413,8 @@ class Relay:
         # Calls whose allow record was made durable (the writer counts hand-offs, not calls).
         self._committed = 0
         self.replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        # Set by run(): the loop, the server process, its stdout's end, the connected pipes.
+        # Set by run(): the loop, the server's output's end, the connected pipes.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._upstream: upstream_mod.Upstream | None = None
         self._server_eof: asyncio.Future[None] | None = None
         self._pipes: _Pipes | None = None
         self._client_in: asyncio.ReadTransport | None = None
@@ -543,41 +620,55 @@ class Relay:
 
     # ------------------------------------------------------------------ setup
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
+        """Start the server, relay until both sides ended, and return the exit status."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._server_eof = loop.create_future()
-        upstream = self._upstream = await upstream_mod.spawn(self.argv)
         try:
-            await self._connect(loop, client_in_fd, client_out_fd)
+            server_in_fd, server_out_fd = await self.link.start()
+        except BaseException:
+            # The relay never took the client's pipe ends: they are closed here.
+            os.close(client_in_fd)
+            os.close(client_out_fd)
+            await self.link.close()
+            raise
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if self.handle_signals else ()
+        try:
+            await self._connect(loop, server_in_fd, server_out_fd, client_in_fd, client_out_fd)
             if self.approvals is not None:
                 self.approvals.link = _ClientLink(self)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            self._watch_hangup(loop)
-            returncode = await self._lifecycle()
+            if self.handle_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                self._watch_hangup(loop)
+            return await self._lifecycle()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
             await self._stop_reloading()
-            # Every exit path, an exception included: nothing of the server's
-            # process group survives, and the server itself is reaped (no zombie).
-            upstream_mod.kill_group(upstream.pid)
-            await upstream_mod.reap(upstream)
-        return upstream_mod.exit_status(returncode)
+            await self.link.close()
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, client_in_fd: int, client_out_fd: int) -> None:
-        up = self._upstream
-        assert up is not None
-        for fd in (up.stdin_fd, up.stdout_fd, client_in_fd, client_out_fd):
+    async def _connect(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        server_in_fd: int,
+        server_out_fd: int,
+        client_in_fd: int,
+        client_out_fd: int,
+    ) -> None:
+        for fd in (server_in_fd, server_out_fd, client_in_fd, client_out_fd):
             _grow_pipe(fd)
         server_in_proto = _WriteProtocol(
             lambda: self._pause_client("server_stdin"),
             lambda: self._resume_client("server_stdin"),
             self._on_server_stdin_lost,
         )
-        server_in, _ = await loop.connect_write_pipe(lambda: server_in_proto, os.fdopen(up.stdin_fd, "wb", 0))
+        server_in, _ = await loop.connect_write_pipe(
+            lambda: server_in_proto, os.fdopen(server_in_fd, "wb", 0)
+        )
         server_out, _ = await loop.connect_read_pipe(
-            lambda: _ReadProtocol(self._on_server_data, self._on_server_eof), os.fdopen(up.stdout_fd, "rb", 0)
+            lambda: _ReadProtocol(self._on_server_data, self._on_server_eof),
+            os.fdopen(server_out_fd, "rb", 0),
         )
         client_out: asyncio.WriteTransport
         client_out_proto: _WriteProtocol | None = None
@@ -626,14 +717,13 @@ class Relay:
         self._on_client_eof()
 
     async def _lifecycle(self) -> int:
-        assert self._server_eof is not None and self._upstream is not None
+        assert self._server_eof is not None
         await self._server_eof
-        up = self._upstream
-        returncode = await upstream_mod.stop(up, self.config.shutdown_grace, self.config.term_grace)
+        end = await self.link.finish()
         await self._close_client_out()
         await self.close()
-        log.info("session_end", returncode=returncode)
-        return returncode
+        (log.error if end.failed else log.info)("session_end", **end.detail)
+        return end.status
 
     async def _close_client_out(self) -> None:
         wire = self._wire
@@ -730,10 +820,10 @@ class Relay:
                 await task
 
     async def _escalate_if_stuck(self) -> None:
-        # The server may keep stdout open after its stdin closed; stop it in order.
+        # The server may keep its output open after its input closed: stop it in order.
         server_eof = self._server_eof
-        assert self._upstream is not None and server_eof is not None
-        await upstream_mod.stop(self._upstream, self.config.shutdown_grace, self.config.term_grace)
+        assert server_eof is not None
+        await self.link.stop(server_eof)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
         if not server_eof.done():
