@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import RECORDER, VisorProcess, received, sentinel
+from tests.serve.serve_proc import SDK_SERVER, Reply, initialize, post, serve
 
 POLICY = """\
 version: "1.0"
@@ -130,3 +131,48 @@ def test_sighup_puts_an_edited_policy_in_force_and_a_broken_one_leaves_it(tmp_pa
         ("allow", 3, _sha(WIDER)),
     ]
     _verify(audit)
+
+
+def _answer(reply: Reply) -> dict:
+    """The JSON-RPC answer of a POST, sent as JSON or as the last event of its SSE stream."""
+    assert reply.status == 200, reply
+    if reply.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in reply.body.decode().splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return reply.json()
+
+
+def _serve_call(url: str, sid: str, msg_id: int, tool: str, arguments: dict) -> dict:
+    message = {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
+    return _answer(post(url, message, sid))
+
+
+def test_sighup_reloads_every_session_of_visor_serve_and_the_next_ones(tmp_path: Path) -> None:
+    policy = POLICY.replace('"rec"', '"sdk"').replace('"echo"', '"add"')
+    wider = policy + '      - name: "weather"\n        allowed: true\n'
+    with serve(tmp_path, [sys.executable, str(SDK_SERVER)], "--server-name", "sdk", policy=policy) as gw:
+        first = initialize(gw.url)
+        denied = _serve_call(gw.url, first, 1, "weather", {"city": "Oslo"})
+        assert denied["result"]["isError"] is True, denied
+        (tmp_path / "policy.yaml").write_text(wider)
+        gw.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "policy_reloaded" not in gw.stderr():
+            assert gw.proc.poll() is None and time.monotonic() < deadline, gw.stderr()
+            time.sleep(0.02)
+        allowed = _serve_call(gw.url, first, 2, "weather", {"city": "Oslo"})
+        assert allowed["result"].get("isError") is not True, allowed
+        # A session that starts after the reload runs under the reloaded policy too.
+        second = initialize(gw.url)
+        assert (
+            _serve_call(gw.url, second, 1, "weather", {"city": "Oslo"})["result"].get("isError") is not True
+        )
+    records = gw.records()
+    reloads = [(r["mcp_session"], r["ok"], r["policy"]) for r in records if r["event"] == "policy_reload"]
+    assert reloads == [(first, True, _sha(wider)), (second, True, _sha(wider))]
+    _verify(gw.audit)

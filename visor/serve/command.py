@@ -23,8 +23,10 @@ from visor import logs
 
 if TYPE_CHECKING:
     from visor.audit.writer import AuditWriter
+    from visor.core.events import PolicyReloaded
     from visor.http.upstream import HttpUpstreamConfig
     from visor.policy.schema import Policy
+    from visor.relay.reload import PolicySource
     from visor.serve.gateway import GatewayConfig
     from visor.serve.session import McpSession
 
@@ -204,8 +206,14 @@ def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstrea
     raise AssertionError("the audit candidates never end")
 
 
-def _session_factory(args: argparse.Namespace, shared: _Shared, gateway_ref: list[Any]) -> Any:
-    """One MCP session: the pieces `visor run` builds per process, built per session."""
+def _session_factory(
+    args: argparse.Namespace, shared: _Shared, gateway_ref: list[Any], reloads: list[PolicyReloaded]
+) -> Any:
+    """One MCP session: the pieces `visor run` builds per process, built per session.
+
+    Every session starts with the policy loaded at start-up, then is given the last reload that
+    loaded (`reloads`), as the sessions running at that SIGHUP were: the same checks decide
+    whether it can be put in force, and its records say so."""
     from visor.approval.broker import ApprovalBroker
     from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
     from visor.core.checks import PolicyChecks
@@ -287,10 +295,74 @@ def _session_factory(args: argparse.Namespace, shared: _Shared, gateway_ref: lis
         session = McpSession(
             sid, relay, max_message_bytes=args.max_message_bytes, on_end=gateway.session_ended
         )
+        for reloaded in reloads[-1:]:
+            relay.feed(reloaded)
         await session.start()
         return session
 
     return new_session
+
+
+class _Reloader:
+    """SIGHUP: the policy file loaded once, off the loop, and handed to every live session's relay
+    (each puts it in force between two of its events, or refuses it, on its own record)."""
+
+    def __init__(
+        self, source: PolicySource, gateway: Any, shared: _Shared, reloads: list[PolicyReloaded]
+    ) -> None:
+        self._source = source
+        self._gateway = gateway
+        self._shared = shared
+        self._reloads = reloads
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def request(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        from visor.audit import events
+        from visor.core.events import PolicyReloaded, PolicyReloadFailed
+
+        log = logs.get_logger("visor.serve")
+        while True:
+            self._again = False
+            event = await asyncio.get_running_loop().run_in_executor(None, self._source.load)
+            sessions = list(self._gateway.sessions.values())
+            log.info("policy_reload", sessions=len(sessions), loaded=isinstance(event, PolicyReloaded))
+            if isinstance(event, PolicyReloaded):
+                self._reloads[:] = [event]
+            elif not sessions:
+                # No session to record it: the attempt is on record for the process.
+                log.error(
+                    "policy_reload_failed", error=event.error, detail="the policy in force is unchanged"
+                )
+                assert isinstance(event, PolicyReloadFailed)
+                previous = self._reloads[-1].policy.sha256 if self._reloads else self._shared.policy.sha256
+                self._shared.audit.append(
+                    events.policy_reload(
+                        source=event.source,
+                        previous=previous,
+                        policy=event.sha256,
+                        ok=False,
+                        error=event.error,
+                    )
+                )
+            for session in sessions:
+                if not session.ended and not session.relay.closed:
+                    session.relay.feed(event)
+            if not self._again:
+                return
+
+    async def stop(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -356,8 +428,9 @@ async def _serve(
         log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
     shared = _open_shared(args, command, http)
     gateway_ref: list[Any] = []
+    reloads: list[PolicyReloaded] = []
     try:
-        factory = _session_factory(args, shared, gateway_ref)
+        factory = _session_factory(args, shared, gateway_ref, reloads)
     except BaseException:
         # A refused option must not leave the audit writer's thread running.
         await shared.audit.close()
@@ -376,6 +449,10 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    from visor.relay.reload import PolicySource
+
+    reloader = _Reloader(PolicySource(str(args.policy) if args.policy else None), gateway, shared, reloads)
+    loop.add_signal_handler(signal.SIGHUP, reloader.request)
     expiry = loop.create_task(gateway.expire_idle())
     try:
         await runner.setup()
@@ -390,8 +467,9 @@ async def _serve(
         await stop.wait()
         log.info("serve_stopping", sessions=len(gateway.sessions))
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        await reloader.stop()
         expiry.cancel()
         with contextlib.suppress(BaseException):
             await expiry
