@@ -400,7 +400,44 @@ def check_targets(
             durable.pipelined_calls_s >= 20_000,
             f"{durable.pipelined_calls_s:,.0f} calls/s",
         ),
+        # Issue 16's targets: ratios within this run.
+        (
+            "pipelined calls/s, default policy (durable), >= 40% of wire checks only",
+            durable.pipelined_calls_s >= 0.4 * wire.pipelined_calls_s,
+            f"{durable.pipelined_calls_s / wire.pipelined_calls_s:.0%}",
+        ),
+        (
+            "sequential p50, default policy (durable), <= wire checks only + one raw fsync + 50 µs",
+            durable.seq_p50_us <= wire.seq_p50_us + fsync_us + 50,
+            f"{durable.seq_p50_us:.0f} µs vs {wire.seq_p50_us + fsync_us + 50:.0f} µs",
+        ),
     ]
+    rules = next((r for name, r in rows.items() if name.startswith("visor: 30 rules")), None)
+    if rules is not None:
+        targets.append(
+            (
+                "pipelined calls/s, 30 rules + outputs, >= 30% of wire checks only",
+                rules.pipelined_calls_s >= 0.3 * wire.pipelined_calls_s,
+                f"{rules.pipelined_calls_s / wire.pipelined_calls_s:.0%}",
+            )
+        )
+    targets.append(
+        (
+            "first tools/list answer, default policy, <= direct + 80 ms",
+            durable.startup_ms <= direct.startup_ms + 80,
+            f"+{durable.startup_ms - direct.startup_ms:.0f} ms",
+        )
+    )
+    default_rss = [
+        r.proxy_peak_rss_mb or 0.0 for name, r in rows.items() if name.startswith("visor: default policy")
+    ]
+    targets.append(
+        (
+            "peak RSS < 40 MB, default policy rows",
+            max(default_rss) < 40,
+            f"{max(default_rss):.1f} MB at most",
+        )
+    )
     return targets
 
 

@@ -428,10 +428,13 @@ class Relay:
             self._queued.append(event)
             return
         self._performing = True
+        # Everything this event leads to reaches the audit thread as one wake-up.
+        held = self.audit.batch() if self.audit is not None else contextlib.nullcontext()
         try:
-            self._perform(self._handle(event))
-            while self._queued:
-                self._perform(self._handle(self._queued.popleft()))
+            with held:
+                self._perform(self._handle(event))
+                while self._queued:
+                    self._perform(self._handle(self._queued.popleft()))
         finally:
             self._performing = False
         if "backlog" in self._pause_reasons and not self.core.server_backlog:
