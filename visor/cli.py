@@ -76,6 +76,10 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument("--policy", metavar="FILE", help="policy YAML (default: the embedded default policy)")
     run.add_argument(
+        "--watch-policy", action="store_true",
+        help="reload the --policy file when it changes (checked every second), as SIGHUP does",
+    )  # fmt: skip
+    run.add_argument(
         "--audit-log",
         metavar="FILE",
         help="audit log (default: $VISOR_HOME/audit/SERVER.jsonl, one per server)",

@@ -478,6 +478,8 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
             log.warning("checks_disabled", detail="--no-checks: no policy, no audit log; for measuring only")
         elif args.unsafe_no_fsync:
             log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
+        if getattr(args, "watch_policy", False) and (args.no_checks or not args.policy):
+            raise StartupError("--watch-policy watches the --policy FILE: give one (and no --no-checks)")
         make_relay: Callable[..., Relay] = Relay
         group: GroupIndex | None = None  # the client's group of servers (docs/groups.md), closed at the end
         telemetry: DriverTelemetry | None = None
@@ -502,7 +504,9 @@ def run_command(args: argparse.Namespace, command: list[str]) -> int:
                 pin_saver=checked.pin_saver,
                 approvals_saver=checked.approvals_saver,
                 telemetry=telemetry,
-                policy_source=PolicySource(str(args.policy) if args.policy else None),  # SIGHUP
+                policy_source=PolicySource(  # SIGHUP, and --watch-policy
+                    str(args.policy) if args.policy else None, watch=getattr(args, "watch_policy", False)
+                ),
             )
         try:
             return await relay.run(wire_in, wire_out)

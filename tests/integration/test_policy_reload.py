@@ -43,7 +43,7 @@ BROKEN = (
 )
 
 
-def _start(tmp_path: Path) -> tuple[VisorProcess, Path, Path, Path]:
+def _start(tmp_path: Path, *options: str) -> tuple[VisorProcess, Path, Path, Path]:
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(POLICY)
     log = tmp_path / "received.jsonl"
@@ -51,7 +51,15 @@ def _start(tmp_path: Path) -> tuple[VisorProcess, Path, Path, Path]:
     vp = VisorProcess(
         [sys.executable, str(RECORDER)],
         env={"RECORDER_LOG": str(log), "RECORDER_AUDIT": str(audit)},
-        visor_args=["--server-name", "rec", "--policy", str(policy_file), "--audit-log", str(audit)],
+        visor_args=[
+            "--server-name",
+            "rec",
+            "--policy",
+            str(policy_file),
+            "--audit-log",
+            str(audit),
+            *options,
+        ],
     )
     vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
     assert "tools" in vp.recv()["result"]
@@ -131,6 +139,45 @@ def test_sighup_puts_an_edited_policy_in_force_and_a_broken_one_leaves_it(tmp_pa
         ("allow", 3, _sha(WIDER)),
     ]
     _verify(audit)
+
+
+def _wait_for(vp: VisorProcess, text: str) -> None:
+    deadline = time.monotonic() + 15
+    while text not in vp.stderr:
+        assert vp.proc.poll() is None, vp.stderr
+        assert time.monotonic() < deadline, f"no {text} on stderr: {vp.stderr}"
+        time.sleep(0.02)
+
+
+def test_watch_policy_reloads_when_the_file_changes(tmp_path: Path) -> None:
+    vp, policy_file, _log, audit = _start(tmp_path, "--watch-policy")
+    try:
+        assert _call(vp, 1, "send_email")["result"]["isError"] is True
+        # An editor's save: a new file renamed over the old one.
+        fresh = tmp_path / "policy.yaml.new"
+        fresh.write_text(WIDER)
+        fresh.replace(policy_file)
+        _wait_for(vp, "policy_reloaded")
+        assert _call(vp, 2, "send_email")["result"]["isError"] is False
+    finally:
+        vp.close_stdin()
+        assert vp.wait() == 0
+    reloads = [
+        r for r in (json.loads(x) for x in audit.read_bytes().splitlines()) if r["event"] == "policy_reload"
+    ]
+    assert [(r["ok"], r["policy"]) for r in reloads] == [(True, _sha(WIDER))]
+
+
+def test_watch_policy_without_a_policy_file_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "visor.cli", "run", "--watch-policy", "--", sys.executable, str(RECORDER)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "--watch-policy watches the --policy FILE" in proc.stderr
 
 
 def _answer(reply: Reply) -> dict:

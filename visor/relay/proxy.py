@@ -80,6 +80,8 @@ log = get_logger("visor.relay")
 gate_log = get_logger("visor.gate")
 
 _READ_CHUNK = 256 * 1024
+# How often `--watch-policy` looks at the policy file.
+_POLICY_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +385,7 @@ class Relay:
         # Where SIGHUP reloads the policy from; None: SIGHUP keeps its default action.
         self.policy_source = policy_source
         self._reloading: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._reload_again = False
         self.config = config
         self.checks = checks
@@ -785,9 +788,24 @@ class Relay:
 
     # ---------------------------------------------------------------- reloads
     def _watch_hangup(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGHUP reloads the policy (only when there is one to reload)."""
-        if self.policy_source is not None:
+        """SIGHUP reloads the policy (only when there is one to reload); with `watch`, so does
+        a change of the file."""
+        source = self.policy_source
+        if source is not None:
             loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+            if source.watch and source.path is not None:
+                self._poller = loop.create_task(self._poll_policy(source))
+
+    async def _poll_policy(self, source: PolicySource) -> None:
+        # One stat a second: cheaper and more portable than inotify, and an editor's
+        # rename-over-the-file is seen the same way as a write in place.
+        seen = source.stamp()
+        while not self.closed:
+            await asyncio.sleep(_POLICY_POLL_SECONDS)
+            now = source.stamp()
+            if now is not None and now != seen:
+                seen = now
+                self.request_reload()
 
     def request_reload(self) -> None:
         """Load the policy again off the event loop, then swap it in between two events.
@@ -815,12 +833,12 @@ class Relay:
                 return
 
     async def _stop_reloading(self) -> None:
-        task = self._reloading
-        if task is not None and not task.done():
-            # The session is over: a policy still loading is never put in force.
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        for task in (self._poller, self._reloading):
+            if task is not None and not task.done():
+                # The session is over: a policy still loading is never put in force.
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     async def _escalate_if_stuck(self) -> None:
         # The server may keep its output open after its input closed: stop it in order.

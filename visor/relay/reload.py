@@ -10,6 +10,7 @@ This only turns the file into the event the driver feeds: `PolicyReloaded` or
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
 from visor.core.events import PolicyReloaded, PolicyReloadFailed
@@ -20,6 +21,8 @@ class PolicySource:
     """Where the session's policy came from: a file, or None for the embedded default."""
 
     path: str | None
+    # Reload when the file changes (`visor run --watch-policy`), besides on SIGHUP.
+    watch: bool = False
 
     def load(self) -> PolicyReloaded | PolicyReloadFailed:
         """Load and validate the policy completely; never raises. Blocking: run it in a thread."""
@@ -33,6 +36,19 @@ class PolicySource:
         except Exception as exc:  # the loader promises PolicyError; a bug still must not swap anything
             return PolicyReloadFailed(source, f"the policy cannot be used: {type(exc).__name__}: {exc}")
         return PolicyReloaded(policy)
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """What says the file changed: (mtime in ns, size, inode); None while it cannot be read.
+
+        An editor that saves by renaming a new file over it changes the inode; one that
+        writes in place changes the time or the size."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
 
     def _digest(self) -> str | None:
         """SHA-256 of the refused file as it is now (for the record), when it can be read."""
