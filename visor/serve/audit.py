@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import asyncio
+    from contextlib import AbstractContextManager
 
     from visor.audit.writer import AuditStats, AuditWriter
 
@@ -39,6 +40,10 @@ class SessionAudit:
 
     async def commit(self, event: dict[str, Any]) -> dict[str, Any]:
         return await self._writer.commit(self._tagged(event))
+
+    def batch(self) -> AbstractContextManager[None]:
+        # one wake-up of the shared writer for a read's worth of records, as on stdio
+        return self._writer.batch()
 
     async def close(self) -> None:
         # The gateway closes the shared writer once, when it stops; a session ending must not.
