@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from visor import logs
+from visor.serve.metrics import GatewayMetrics
 
 if TYPE_CHECKING:
     from visor.audit.writer import AuditWriter
@@ -207,7 +208,11 @@ def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstrea
 
 
 def _session_factory(
-    args: argparse.Namespace, shared: _Shared, gateway_ref: list[Any], reloads: list[PolicyReloaded]
+    args: argparse.Namespace,
+    shared: _Shared,
+    gateway_ref: list[Any],
+    reloads: list[PolicyReloaded],
+    metrics: GatewayMetrics,
 ) -> Any:
     """One MCP session: the pieces `visor run` builds per process, built per session.
 
@@ -224,6 +229,7 @@ def _session_factory(
     from visor.serve.drivers import HttpSessionRelay, SessionRelay
     from visor.serve.session import McpSession
     from visor.session import SessionState
+    from visor.telemetry.driver import DriverTelemetry
     from visor.watch import register_approval_dir
 
     config = RelayConfig(
@@ -286,6 +292,7 @@ def _session_factory(
         )
         kwargs: dict[str, Any] = {
             "audit": audit, "approvals": approvals, "pin_saver": pin_saver, "approvals_saver": approvals_saver,
+            "telemetry": DriverTelemetry(metrics),  # each session's verdicts, for /metrics
         }  # fmt: skip
         if shared.http is not None:
             relay: Any = HttpSessionRelay(shared.http, shared.command, config, checks, **kwargs)
@@ -430,12 +437,14 @@ async def _serve(
     gateway_ref: list[Any] = []
     reloads: list[PolicyReloaded] = []
     try:
-        factory = _session_factory(args, shared, gateway_ref, reloads)
+        metrics = GatewayMetrics()
+        shared.audit.observe_fsync(metrics.fsynced)
+        factory = _session_factory(args, shared, gateway_ref, reloads, metrics)
     except BaseException:
         # A refused option must not leave the audit writer's thread running.
         await shared.audit.close()
         raise
-    gateway = Gateway(config, factory)
+    gateway = Gateway(config, factory, metrics)
     gateway_ref.append(gateway)
     runner = web.AppRunner(
         gateway.app(),

@@ -26,6 +26,7 @@ from aiohttp import web
 from visor.audit import events as audit_events
 from visor.http.bodies import classify_body
 from visor.logs import get_logger
+from visor.serve.metrics import CONTENT_TYPE, GatewayMetrics
 from visor.serve.session import ENDED, Exchange, McpSession, id_key
 from visor.wire import errors
 from visor.wire.message import Kind, Message, Rejected
@@ -78,8 +79,11 @@ def _media_types(value: str) -> set[str]:
 class Gateway:
     """The session table and the request handlers."""
 
-    def __init__(self, config: GatewayConfig, new_session: SessionFactory) -> None:
+    def __init__(
+        self, config: GatewayConfig, new_session: SessionFactory, metrics: GatewayMetrics | None = None
+    ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         self._new_session = new_session
         self.sessions: dict[str, McpSession] = {}
         self._opening = 0
@@ -89,6 +93,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_message_bytes + 1)
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics_page)
         app.router.add_route("*", "/mcp", self.mcp)
         return app
 
@@ -196,7 +201,20 @@ class Gateway:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        # The same door as /mcp: Host, Origin and, when one is configured, the client token.
+        refused = self._refuse_origin_or_auth(request)
+        if refused is not None:
+            return refused
+        body = self.metrics.render(sessions_open=len(self.sessions))
+        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
+
     async def mcp(self, request: web.Request) -> web.StreamResponse:
+        response = await self._mcp(request)
+        self.metrics.http_request(request.method, response.status)
+        return response
+
+    async def _mcp(self, request: web.Request) -> web.StreamResponse:
         refused = self._refuse_origin_or_auth(request)
         if refused is not None:
             return refused

@@ -1,0 +1,102 @@
+"""`GET /metrics` of `visor serve`, scraped after real traffic from the SDK client."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.serve.serve_proc import http, serve, stdio_upstream
+
+POLICY = """\
+version: "1.0"
+default_action: deny
+servers:
+  - name: "sdk"
+    allowed: true
+    tools:
+      - name: "add"
+        allowed: true
+        max_calls: 2
+      - name: "fail"
+        allowed: false
+"""
+TOKEN = "metrics-token-0123456789abcdef"
+# One sample line of the text format: name, optional labels, a number.
+SAMPLE = re.compile(r'^([a-z_]+)(\{(?:[a-z_]+="[^"\\\n]*",?)*\})? (-?[0-9.e+-]+|\+Inf)$')
+
+
+def scrape(url: str, **headers: str) -> dict[str, float]:
+    reply = http("GET", url.removesuffix("/mcp") + "/metrics", headers=headers)
+    assert reply.status == 200, reply
+    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: dict[str, float] = {}
+    for line in reply.body.decode().splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = SAMPLE.match(line)
+        assert m is not None, f"not a sample line: {line!r}"
+        samples[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return samples
+
+
+def test_metrics_count_verdicts_sessions_and_audit_latency(tmp_path: Path) -> None:
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids"), "--server-name", "sdk", policy=POLICY) as gw:
+        before = scrape(gw.url)
+        assert before["visor_sessions_open"] == 0
+        assert not any(k.startswith("visor_requests_total") for k in before)
+
+        async def main() -> dict[str, float]:
+            async with streamable_http_client(gw.url) as (r, w), ClientSession(r, w) as s:
+                await s.initialize()
+                for _ in range(3):  # two allowed, the third over the budget
+                    await s.call_tool("add", {"a": 1, "b": 2})
+                await s.call_tool("fail", {"reason": "x"})
+                return await asyncio.to_thread(scrape, gw.url)
+
+        during = asyncio.run(asyncio.wait_for(main(), 90))
+        after = scrape(gw.url)
+
+    assert during["visor_sessions_open"] == 1
+    assert during['visor_requests_total{verdict="allow",method="tools/call"}'] == 2
+    assert during['visor_requests_total{verdict="deny",method="tools/call"}'] == 2
+    assert during["visor_approvals_pending"] == 0
+    # every allow was committed (durable) and at least one fsync was timed
+    assert during["visor_audit_commit_seconds_count"] == 2
+    assert during['visor_audit_commit_seconds_bucket{le="+Inf"}'] == 2
+    assert during["visor_audit_fsync_seconds_count"] >= 1
+    assert during["visor_audit_fsync_seconds_sum"] > 0
+    assert during['visor_http_requests_total{method="POST",status="200"}'] >= 5
+    # the session ended when the client closed it (DELETE)
+    assert after["visor_sessions_open"] == 0
+    assert after['visor_http_requests_total{method="DELETE",status="200"}'] == 1
+    buckets = [v for k, v in after.items() if k.startswith("visor_audit_fsync_seconds_bucket")]
+    assert buckets == sorted(buckets)  # cumulative
+
+
+def test_metrics_need_the_client_token_when_one_is_set(tmp_path: Path) -> None:
+    with serve(
+        tmp_path,
+        stdio_upstream(tmp_path / "pids"),
+        "--client-token-env",
+        "SERVE_TOKEN",
+        env={"SERVE_TOKEN": TOKEN},
+    ) as gw:
+        base = gw.url.removesuffix("/mcp")
+        missing = http("GET", base + "/metrics")
+        assert missing.status == 401
+        assert b"visor_" not in missing.body
+        assert http("GET", base + "/metrics", headers={"Authorization": f"Bearer {TOKEN}x"}).status == 401
+        scraped: dict[str, Any] = scrape(gw.url, Authorization=f"Bearer {TOKEN}")
+        assert scraped["visor_sessions_open"] == 0
+        # and Origin is checked as on /mcp
+        foreign = http(
+            "GET",
+            base + "/metrics",
+            headers={"Authorization": f"Bearer {TOKEN}", "Origin": "http://evil.test"},
+        )
+        assert foreign.status == 403
