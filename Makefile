@@ -66,6 +66,7 @@ demo:
 
 bench: $(STAMP)
 	$(BIN)/visor bench
+	$(BIN)/python -m visor.bench.http_rows
 
 # Every fuzz target for FUZZ_SECONDS each (default 60); non-zero on any crash.
 # atheris (coverage-guided) is installed here; the runner falls back to a

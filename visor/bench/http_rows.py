@@ -1,0 +1,343 @@
+"""`make bench` rows for HTTP: a Streamable HTTP echo server direct, and through `visor serve --url`.
+
+One session sequential (p50/p99 per call) and pipelined (a window of POSTs in flight), and 100
+concurrent sessions (aggregate calls/s), each direct and through the gateway; and, in the same run,
+the stdio pipelined figure of `visor run` in front of the stdio echo server, which the 100-session
+target is measured against. The client is raw aiohttp (no SDK), the same for every row.
+
+Run: ``python -m visor.bench.http_rows [--quick] [--output FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+PY = sys.executable
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+POLICY = """\
+version: "1.0"
+default_action: deny
+settings:
+  session_max_calls: 0  # thousands of calls in one session: no budget
+  session_timeout_seconds: 0
+servers:
+  - name: "bench"
+    allowed: true
+    tools:
+      - name: "echo"
+        allowed: true
+"""
+READY = "visor serve: listening on "
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    sequential: int = 1000
+    pipelined: int = 5000
+    window: int = 64
+    sessions: int = 100
+    calls_per_session: int = 50
+
+    @classmethod
+    def quick(cls) -> Work:
+        return cls(sequential=200, pipelined=1000, sessions=100, calls_per_session=10)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRow:
+    name: str
+    seq_p50_us: float
+    seq_p99_us: float
+    pipelined_calls_s: float
+    sessions_calls_s: float
+
+
+# ------------------------------------------------------------------ the echo server (a subprocess)
+
+
+def _echo_app() -> web.Application:
+    """Just enough Streamable HTTP (2025-11-25, JSON answers) for the rows: not what is measured."""
+    tools = {"tools": [{"name": "echo", "description": "Echo", "inputSchema": {"type": "object"}}]}
+
+    async def mcp(request: web.Request) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        if request.method != "POST":
+            return web.Response(status=405)
+        msg = orjson.loads(await request.read())
+        if "id" not in msg:
+            return web.Response(status=202)
+        method = msg.get("method")
+        headers = {"Content-Type": "application/json"}
+        if method == "initialize":
+            result: Any = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "bench-echo", "version": "1"},
+            }
+            headers["Mcp-Session-Id"] = os.urandom(16).hex()
+        elif method == "tools/list":
+            result = tools
+        else:
+            result = {"content": [{"type": "text", "text": "hello"}]}
+        body = orjson.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+        return web.Response(body=body, headers=headers)
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", mcp)
+    return app
+
+
+def serve_echo(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    web.run_app(_echo_app(), sock=sock, print=None, access_log=None, handle_signals=True)
+
+
+def _free_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(512)
+    return sock
+
+
+@contextmanager
+def echo_server() -> Iterator[str]:
+    sock = _free_socket()
+    port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [PY, "-c", f"from visor.bench.http_rows import serve_echo; serve_echo({sock.fileno()})"],
+        pass_fds=(sock.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    sock.close()
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def gateway(upstream: str, tmp: Path) -> Iterator[str]:
+    policy = tmp / "http-bench-policy.yaml"
+    policy.write_text(POLICY)
+    args = [PY, "-m", "visor.cli", "serve", "--listen", "127.0.0.1:0", "--server-name", "bench"]
+    args += ["--policy", str(policy), "--audit-log", str(tmp / "http-bench-audit.jsonl")]
+    args += ["--max-sessions", "256", "--log-level", "warning", "--url", upstream]
+    env = {**os.environ, "VISOR_HOME": str(tmp / "home")}
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith(READY):
+                url = line[len(READY) :].strip()
+                break
+        else:
+            raise RuntimeError("visor serve exited before it listened")
+        # Keep reading its stderr so a full pipe never stalls the gateway.
+        drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
+        try:
+            yield url
+        finally:
+            _stop(proc)
+            drain.wait(10)
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------ the client
+
+
+class McpHttp:
+    """One MCP session over raw HTTP POSTs."""
+
+    def __init__(self, http: ClientSession, url: str) -> None:
+        self.http = http
+        self.url = url
+        self.headers = dict(HEADERS)
+        self.next_id = 0
+
+    async def post(self, msg: dict[str, Any]) -> Any:
+        async with self.http.post(self.url, data=orjson.dumps(msg), headers=self.headers) as r:
+            body = await r.read()
+            if r.status == 202:
+                return None
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+            sid = r.headers.get("Mcp-Session-Id")
+            if sid:
+                self.headers["Mcp-Session-Id"] = sid
+            if r.content_type == "text/event-stream":
+                data = [ln[5:].strip() for ln in body.split(b"\n") if ln.startswith(b"data:")]
+                return orjson.loads(data[-1])
+            return orjson.loads(body)
+
+    async def start(self) -> None:
+        params = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "b", "version": "1"},
+        }
+        await self.request("initialize", params)
+        await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        await self.request("tools/list", {})
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        self.next_id += 1
+        answer = await self.post({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
+        if "result" not in answer:
+            raise RuntimeError(f"{method}: {answer}")
+        return answer["result"]
+
+    async def call(self) -> None:
+        result = await self.request("tools/call", {"name": "echo", "arguments": {"text": "hello"}})
+        if result.get("isError"):
+            raise RuntimeError(f"the echo call was refused: {result}")
+
+    async def close(self) -> None:
+        async with self.http.delete(self.url, headers=self.headers):
+            pass
+
+
+async def measure(name: str, url: str, work: Work) -> HttpRow:
+    connector = TCPConnector(limit=0)
+    async with ClientSession(connector=connector, timeout=ClientTimeout(total=120)) as http:
+        one = McpHttp(http, url)
+        await one.start()
+        for _ in range(20):  # warm up
+            await one.call()
+        lat: list[float] = []
+        for _ in range(work.sequential):
+            t = time.perf_counter()
+            await one.call()
+            lat.append(time.perf_counter() - t)
+        gate = asyncio.Semaphore(work.window)
+
+        async def windowed() -> None:
+            async with gate:
+                await one.call()
+
+        t = time.perf_counter()
+        await asyncio.gather(*(windowed() for _ in range(work.pipelined)))
+        pipelined = work.pipelined / (time.perf_counter() - t)
+        await one.close()
+
+        sessions = [McpHttp(http, url) for _ in range(work.sessions)]
+        await asyncio.gather(*(s.start() for s in sessions))
+
+        async def sequential(s: McpHttp) -> None:
+            for _ in range(work.calls_per_session):
+                await s.call()
+
+        t = time.perf_counter()
+        await asyncio.gather(*(sequential(s) for s in sessions))
+        aggregate = work.sessions * work.calls_per_session / (time.perf_counter() - t)
+        await asyncio.gather(*(s.close() for s in sessions))
+    q = statistics.quantiles(lat, n=100)
+    return HttpRow(name, q[49] * 1e6, q[98] * 1e6, pipelined, aggregate)
+
+
+async def stdio_pipelined(tmp: Path, work: Work) -> float:
+    """`visor run` in front of the stdio echo server, pipelined: the figure the sessions target uses."""
+    from visor.bench.runner import ECHO_SERVER, Row, Workload, drive, visor_command
+
+    policy = tmp / "stdio-bench-policy.yaml"
+    policy.write_text(POLICY)
+    extra = ["--server-name", "bench", "--policy", str(policy), "--audit-log", str(tmp / "stdio-audit.jsonl")]
+    row = Row("visor run (stdio)", visor_command(extra, ECHO_SERVER))
+    result = await drive(row, Workload(sequential=50, pipelined=work.pipelined, big_calls=0, micro=False))
+    return result.pipelined_calls_s
+
+
+def run(work: Work) -> dict[str, Any]:
+    from visor.audit.probe import fsync_latency_probe
+
+    with tempfile.TemporaryDirectory(prefix="visor-bench-http-", dir=os.getcwd()) as name:
+        tmp = Path(name)
+        fsync_us = fsync_latency_probe(tmp, samples=50) * 1e6
+        with echo_server() as upstream:
+            direct = asyncio.run(measure("direct HTTP", upstream, work))
+            with gateway(upstream, tmp) as url:
+                through = asyncio.run(measure("through visor serve --url", url, work))
+        stdio = asyncio.run(stdio_pipelined(tmp, work))
+    added = through.seq_p50_us - direct.seq_p50_us
+    return {
+        "work": asdict(work),
+        "fsync_us": fsync_us,
+        "rows": [asdict(direct), asdict(through)],
+        "stdio_pipelined_calls_s": stdio,
+        "targets": {
+            "added_p50_us": added,
+            "added_p50_limit_us": fsync_us + 300,
+            "added_p50_met": added <= fsync_us + 300,
+            "sessions_vs_stdio_pipelined": through.sessions_calls_s / stdio,
+            "sessions_met": through.sessions_calls_s >= 0.6 * stdio,
+        },
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    w = data["work"]
+    lines = [
+        f"HTTP rows: {w['sequential']} sequential, {w['pipelined']} pipelined (window {w['window']}), "
+        f"{w['sessions']} sessions x {w['calls_per_session']} calls; raw fsync median {data['fsync_us']:.0f} µs",
+        f"{'row':<28} {'p50 µs':>8} {'p99 µs':>8} {'pipelined/s':>12} {w['sessions']} sessions calls/s",
+    ]
+    for r in data["rows"]:
+        lines.append(
+            f"{r['name']:<28} {r['seq_p50_us']:>8.0f} {r['seq_p99_us']:>8.0f} "
+            f"{r['pipelined_calls_s']:>12.0f} {r['sessions_calls_s']:>10.0f}"
+        )
+    t = data["targets"]
+    lines.append(f"stdio visor run pipelined, same run: {data['stdio_pipelined_calls_s']:.0f} calls/s")
+    lines.append(
+        f"target added p50 <= fsync + 300 µs ({t['added_p50_limit_us']:.0f} µs): {t['added_p50_us']:.0f} µs, "
+        + ("met" if t["added_p50_met"] else "NOT met")
+    )
+    lines.append(
+        f"target 100 sessions >= 60% of stdio pipelined: {t['sessions_vs_stdio_pipelined']:.0%}, "
+        + ("met" if t["sessions_met"] else "NOT met")
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m visor.bench.http_rows", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
+    parser.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    data = run(Work.quick() if args.quick else Work())
+    print(render(data))
+    if args.output:
+        Path(args.output).write_text(json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
