@@ -453,7 +453,13 @@ def _start_telemetry(args: argparse.Namespace, checked: _Checked) -> DriverTelem
     checked.audit.observe_fsync(reports.fsynced)
     output = checked.checks.session.output
     reports.watch_output_index(lambda: len(output))
-    return DriverTelemetry(reports)
+    checks = checked.checks
+
+    def take_evaluation() -> float | None:
+        seconds, checks.evaluation_seconds = checks.evaluation_seconds, None
+        return seconds
+
+    return DriverTelemetry(reports, take_evaluation)
 
 
 def run_command(args: argparse.Namespace, command: list[str]) -> int:

@@ -74,12 +74,17 @@ def test_visor_run_exports_a_span_per_verdict_and_its_metrics(tmp_path) -> None:
     for name in (
         "visor.requests",
         "visor.request.duration",
+        "visor.evaluation.duration",
         "visor.audit.commit.duration",
         "visor.audit.fsync.duration",
         "visor.approvals.pending",
         "visor.output_index.size",
     ):
         assert name in received.metrics, (name, sorted(received.metrics))
+    # Every verdict came from an evaluation: three calls, three timings (the asked one carried
+    # to its end). Cumulative temporality: each export (a flush, then shutdown) repeats the total.
+    counts = [p.count for m in received.metrics["visor.evaluation.duration"] for p in m.histogram.data_points]
+    assert max(counts) == 3, counts
     pending_now = [p.as_int for m in received.metrics["visor.approvals.pending"] for p in m.sum.data_points]
     assert pending_now[-1] == 0
 

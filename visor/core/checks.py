@@ -249,6 +249,8 @@ class PolicyChecks(Checks):
         # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
         self.protected = protected or Protected()
         self.session = session
+        # How long the last evaluation of a client's call took (telemetry takes and clears it).
+        self.evaluation_seconds: float | None = None
         self.audit_session = audit_session
         self.server = server_name
         self._argv0 = argv[0] if argv else ""
@@ -282,7 +284,9 @@ class PolicyChecks(Checks):
         assert msg.tool is not None and msg.arguments is not None
         call = ToolCall(self.server, msg.tool, msg.arguments)
         try:
+            began = time.perf_counter()
             decision = evaluate(self.policy, self.session, call)
+            self.evaluation_seconds = time.perf_counter() - began
         except Exception as exc:  # a bug must never turn into an allow
             log.exception("evaluate_failed", tool=msg.tool)
             decision = Decision(

@@ -11,6 +11,7 @@ recorded. Nothing here can change what the core decides.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from visor.core.calls import ToolCallState
@@ -33,30 +34,34 @@ _FINAL = frozenset({"deny", "allow"})
 
 
 class DriverTelemetry:
-    __slots__ = ("_allows", "_asked", "_start_ns", "telemetry")
+    __slots__ = ("_allows", "_asked", "_carried", "_evaluation", "_start_ns", "telemetry")
 
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Telemetry, evaluation: Callable[[], float | None] | None = None) -> None:
+        """`evaluation`: takes (reads and clears) how long the last policy evaluation took."""
         self.telemetry = telemetry
+        self._evaluation = evaluation or (lambda: None)
         self._start_ns = 0
-        self._asked: dict[ToolCallState, int] = {}
-        self._allows: dict[ToolCallState, tuple[int, float, dict[str, Any]]] = {}
+        self._asked: dict[ToolCallState, tuple[int, float | None]] = {}
+        self._carried: float | None = None  # an asked call's evaluation, for its final verdict
+        self._allows: dict[ToolCallState, tuple[int, float, dict[str, Any], float | None]] = {}
 
     def before(self, event: Event) -> None:
         """`event` is about to be handed to the core."""
         now = time.time_ns()
         self._start_ns = now
+        self._carried = None
         match event:
             case ApprovalAnswered(call=call):
                 asked = self._asked.pop(call, None)
                 if asked is not None:
                     self.telemetry.approvals_pending(-1)
-                    self._start_ns = asked
+                    self._start_ns, self._carried = asked
             case CommitDone(call=call):
                 allow = self._allows.pop(call, None)
                 if allow is not None:
-                    started, submitted, record = allow
+                    started, submitted, record, evaluation = allow
                     self.telemetry.committed(time.monotonic() - submitted)
-                    self._report(record, "allow", started, now)
+                    self._report(record, "allow", started, now, evaluation)
             case CommitFailed(call=call):
                 allow = self._allows.pop(call, None)
                 if allow is not None:  # the deny the core records next belongs to this call
@@ -68,18 +73,24 @@ class DriverTelemetry:
             case AppendRecord(event=record):
                 kind = record.get("event")
                 if kind in _FINAL:
-                    self._report(record, kind, self._start_ns, time.time_ns())
+                    self._report(record, kind, self._start_ns, time.time_ns(), self._took())
             case CommitRecord(event=record, call=call):
-                self._allows[call] = (self._start_ns, time.monotonic(), record)
+                self._allows[call] = (self._start_ns, time.monotonic(), record, self._took())
             case AskHuman(call=call):
                 if call not in self._asked:
                     self.telemetry.approvals_pending(1)
-                self._asked[call] = self._start_ns
+                self._asked[call] = (self._start_ns, self._took())
             case WithdrawApproval(call=call):
                 if self._asked.pop(call, None) is not None:
                     self.telemetry.approvals_pending(-1)
 
-    def _report(self, record: dict[str, Any], verdict: str, start_ns: int, end_ns: int) -> None:
+    def _took(self) -> float | None:
+        taken = self._evaluation()
+        return taken if taken is not None else self._carried
+
+    def _report(
+        self, record: dict[str, Any], verdict: str, start_ns: int, end_ns: int, evaluation: float | None
+    ) -> None:
         method = record.get("method")
         tool = record.get("tool")
         self.telemetry.gated(
@@ -89,5 +100,5 @@ class DriverTelemetry:
             rule=str(record.get("rule", "")),
             start_ns=start_ns,
             end_ns=end_ns,
-            evaluation_s=None,
+            evaluation_s=evaluation,
         )
