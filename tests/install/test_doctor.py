@@ -85,7 +85,10 @@ def test_unwrapped_remote_and_approval_dir(tmp_path: Path) -> None:
         f"WARN mcp.json:plain: not wrapped: its tool calls bypass Visor -- fix: visor init --config {config} --server plain"
         in out
     )
-    assert "WARN mcp.json:remote: remote server (https://example.com/mcp): not covered" in out
+    assert (
+        "WARN mcp.json:remote: remote server (https://example.com/mcp), not wrapped: its tool calls bypass Visor"
+        in out
+    )
     assert f"OK   mcp.json:approved: approvals through files in {tmp_path / 'approvals'}" in out
     assert "starts through Visor" not in out  # --no-start
 
@@ -174,3 +177,26 @@ def test_no_configs_found(tmp_path: Path) -> None:
     result = visor("doctor", cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert result.returncode == 0
     assert "WARN configs: no MCP client config found in the usual places" in result.stdout
+
+
+def test_a_remote_entry_wrapped_by_init_is_checked_not_failed(tmp_path: Path) -> None:
+    """`visor init` turns a url entry into `visor run --url`; doctor reads that form (and
+    never connects, which would send the entry's credentials from here)."""
+    config = write_config(
+        tmp_path / "mcp.json",
+        {"remote": {"type": "http", "url": "https://example.com/mcp", "headers": {"X-Api-Key": "k-123"}}},
+    )
+    wrapped = visor("init", "--config", str(config), "--absolute", "--yes", env={"HOME": str(tmp_path)})
+    assert wrapped.returncode == 0, wrapped.stdout + wrapped.stderr
+    result = visor("doctor", "--config", str(config), env={"HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stdout
+    assert "OK   mcp.json:remote: wrapped remote server (https://example.com/mcp)" in result.stdout
+    assert "FAIL" not in result.stdout
+    assert "k-123" not in result.stdout + result.stderr
+
+    # The header's variable gone from the entry's env: Visor would refuse to start, doctor says so.
+    data = json.loads(config.read_text())
+    data["mcpServers"]["remote"]["env"] = {}
+    config.write_text(json.dumps(data))
+    broken = visor("doctor", "--config", str(config), env={"HOME": str(tmp_path)})
+    assert "FAIL mcp.json:remote: header 'X-Api-Key' reads ${" in broken.stdout, broken.stdout

@@ -22,9 +22,11 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,8 +143,9 @@ class Doctor:
             self.add(
                 "WARN",
                 subject,
-                f"remote server ({e.summary()}): not covered, Visor wraps stdio servers only",
-                "none in Visor; limit what this server may do on its side",
+                f"remote server ({e.summary()}), not wrapped: its tool calls bypass Visor",
+                f"visor init --config {path} --server {e.name} (wraps it as `visor run --url`; "
+                "docs/remote.md says which remote entries it can wrap)",
             )
             return
         if e.kind == "stdio":
@@ -195,6 +198,9 @@ class Doctor:
             )
             return
         options, upstream = split
+        if not upstream and any(o == "--url" or o.startswith("--url=") for o in options):
+            self.remote(path, subject, e, value, options)
+            return
         if not upstream:
             self.add("FAIL", subject, "no server command after `--`", f"visor init --undo --config {path}")
             return
@@ -289,6 +295,54 @@ class Doctor:
             return
         self.step(f"starting {e.label} through Visor (up to {self.timeout:g} s)")
         self.start_through_visor(subject, e, visor_exe, options, upstream, env, cwd)
+
+    def remote(
+        self, path: Path, subject: str, e: Entry, value: Mapping[str, object], options: list[str]
+    ) -> None:
+        """A remote server wrapped as `visor run --url`: its options, policy and header variables.
+
+        Doctor does not connect to the remote server: that would send the
+        entry's credentials from here.
+        """
+        try:
+            args = parse_run_options(options, [])
+        except ValueError as err:
+            self.add(
+                "FAIL",
+                subject,
+                f"`visor run` refuses the wrapped options: {err}",
+                "fix the args in the entry",
+            )
+            return
+        given_env = value.get("env")
+        env = given_env if isinstance(given_env, dict) else {}
+        for header in args.header or []:
+            for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", str(header)):
+                if name not in env and name not in os.environ:
+                    self.add(
+                        "FAIL",
+                        subject,
+                        f"header {str(header).split(':', 1)[0]!r} reads ${{{name}}}, which neither the entry's env "
+                        "nor this environment sets: Visor would refuse to start",
+                        f"set {name} in the entry's env",
+                    )
+        visor_cmd = str(value["command"])
+        visor_exe = _resolve(visor_cmd)
+        if visor_exe is None:
+            self.add(
+                "FAIL",
+                subject,
+                f"the client cannot start {visor_cmd!r}: not found on PATH",
+                f"visor init --undo --config {path} --server {e.name}, then wrap again with --absolute",
+            )
+        else:
+            self.add(
+                "OK",
+                subject,
+                f"wrapped remote server ({args.url}); runs {visor_exe}; not connected by doctor",
+            )
+        self.policy(subject, args)
+        self.approvals(subject, args)
 
     # ----------------------------------------------------------- parts
 
