@@ -118,13 +118,16 @@ def make_request(
     timeout: float,
     approval_id: str | None = None,
     focus: tuple[str, ...] | None = None,
+    shown_arguments: dict[str, Any] | None = None,
 ) -> ApprovalRequest:
+    """`shown_arguments`: what the human (and the pending file) sees, secrets redacted; the
+    hash an answer must carry is always of the real `arguments`."""
     return ApprovalRequest(
         id=approval_id or new_approval_id(),
         call_hash=call_hash(server, tool, arguments, request_id, session),
         server=server,
         tool=tool,
-        arguments=arguments,
+        arguments=arguments if shown_arguments is None else shown_arguments,
         request_id=request_id,
         session=session,
         rule=rule,

@@ -418,6 +418,8 @@ class PolicyChecks(Checks):
             now=time.time(),
             timeout=broker.timeout,
             focus=self._approval_focus(call, current),
+            # Secrets stay out of the pending file and the question, as out of the log.
+            shown_arguments=approval.msg.arguments,
         )
         return AwaitHuman(approval, approval.request, self._out_of_band_only(call))
 
