@@ -172,4 +172,13 @@ def sentinel(vp: VisorProcess, msg_id: int = 999_000) -> dict:
 @pytest.fixture(autouse=True)
 def _visor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests never touch the real ~/.visor.
-    monkeypatch.setenv("VISOR_HOME", str(tmp_path / "visor-home"))
+    home = str(tmp_path / "visor-home")
+    monkeypatch.setenv("VISOR_HOME", home)
+    # The MCP SDK starts stdio servers with a minimal environment (as real clients do),
+    # which would drop VISOR_HOME: a `visor run` it starts must still use the test's home.
+    try:
+        import mcp.client.stdio as sdk_stdio
+    except ImportError:
+        return
+    minimal = sdk_stdio.get_default_environment
+    monkeypatch.setattr(sdk_stdio, "get_default_environment", lambda: {**minimal(), "VISOR_HOME": home})
