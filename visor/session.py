@@ -1,9 +1,10 @@
 """Per-session state: pins, history, budgets, taints, seen output, approvals.
 
-The evaluator reads this state and never changes it; the gate changes it
-through the ``record_*``/``observe_*``/``remember_*`` methods, after a verdict
-is committed. Nothing here does I/O: pin persistence hands plain dicts to the
-caller (``export_pins``/``import_pins``).
+The evaluator reads this state (filling only its memo tables); the session's
+checks (visor/core/checks.py) change it through the ``record_*``/``observe_*``/
+``remember_*`` methods. Pin persistence hands plain dicts to the caller
+(``export_pins``/``import_pins``); the only I/O is the group store's, when the
+session belongs to a group (visor/groups/).
 """
 
 from __future__ import annotations

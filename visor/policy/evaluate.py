@@ -390,8 +390,8 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
 
 
 #: The ask that stands for a destination seen in untrusted output under
-#: ``untrusted_output: ask``; with no approval channel the gate turns it back
-#: into the ``provenance.untrusted_output`` deny (the gate's ``_no_approval``).
+#: ``untrusted_output: ask``; with no approval channel the checks turn it back into the
+#: ``provenance.untrusted_output`` deny (``_no_approval`` in visor/core/checks.py).
 UNTRUSTED_OUTPUT_ASK = "provenance.untrusted_output_ask"
 
 
