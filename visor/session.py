@@ -13,7 +13,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
@@ -36,6 +36,35 @@ _FREE, _ASSERTED, _SENDER = 0, 1, 2
 # A value in an asserted field longer than this is not read as destinations
 # (a field that holds prose is not a list of correspondents): free text.
 _ASSERTED_MAX = 1024
+
+
+class SharedStateError(Exception):
+    """The shared store of a session's state (``visor serve --state``) could not record an
+    allowed call: the call must not run, since no replica would count it."""
+
+
+class SharedStateConflict(SharedStateError):
+    """The store counted calls of this session that this process did not make: another replica
+    serves the same session at the same time. The counts were taken from the store."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCounts:
+    """What the shared store holds of a session's budgets and history (visor/serve/state.py)."""
+
+    calls_total: int
+    tool_calls: dict[str, int]
+    history: tuple[tuple[str, str], ...]
+
+
+class CallLedger(Protocol):
+    """Where a session's allowed calls are counted besides memory, when the session's state is
+    shared between replicas. ``record_call`` is atomic in the store and returns the new counts
+    (session total, this tool's); it raises SharedStateError when it cannot record."""
+
+    def record_call(self, server: str, tool: str, history_cap: int) -> tuple[int, int]: ...
+
+    def counts(self) -> SharedCounts: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +136,8 @@ class SessionState:
         )
         self.calls_total = 0
         self.tool_calls: dict[str, int] = {}
+        # The shared store counting this session's calls for every replica (visor serve --state).
+        self.ledger: CallLedger | None = None
         self.taints: set[str] = set()
         # provenance
         # Where a key was first seen is recorded only when some question can
@@ -320,13 +351,14 @@ class SessionState:
         free text. With ``read_text``, a text content item that is a JSON or
         YAML document is read as records (visor/policy/fields.py)."""
         # (value, path, class); a path is a tuple of segments (fields.ITEM for a list item)
-        stack: list[tuple[Any, tuple[str | None, ...], int]] = [(result, (), _FREE)]
+        # (value, path, class, kind of name an asserted field holds: FieldPath.kind)
+        stack: list[tuple[Any, tuple[str | None, ...], int, str | None]] = [(result, (), _FREE, None)]
         while stack:
-            v, path, cls = stack.pop()
+            v, path, cls, kind = stack.pop()
             if isinstance(v, str):
                 if v.isascii() and v.isalpha() and cls != _ASSERTED:
                     continue  # a plain word holds no key (a bare user name is placed only by a field)
-                self._index_string(tool, v, path, cls)
+                self._index_string(tool, v, path, cls, kind)
             elif isinstance(v, dict | fields.Pairs):
                 items = v.items() if isinstance(v, dict) else v
                 binary = isinstance(v, dict) and "mimeType" in v and v.get("type") in ("image", "audio")
@@ -338,37 +370,39 @@ class SessionState:
                         continue
                     seg = fields.key_segment(k)
                     sub = (*path, seg) if len(path) < 64 else path
-                    c = cls
+                    c, ck = cls, kind
                     if c == _FREE and (trusted or sender):
                         if sender and fields.matches(sender, sub) is not None:
                             c = _SENDER  # the stricter class when both match
-                        elif trusted and fields.matches(trusted, sub) is not None:
-                            c = _ASSERTED
+                        elif trusted and (hit := fields.matches(trusted, sub)) is not None:
+                            c, ck = _ASSERTED, hit.kind
                     if isinstance(k, str) and k and not (k.isascii() and k.isalpha() and c != _ASSERTED):
-                        self._index_string(tool, k, sub, c)
+                        self._index_string(tool, k, sub, c, ck)
                     if text_item and k == "text" and isinstance(item, str):
                         doc = fields.read_structured(item)
                         if doc is not None:
-                            stack.append((doc, (), c))
+                            stack.append((doc, (), c, ck))
                             continue
                     if isinstance(item, int | float) and not isinstance(item, bool):
                         item = str(item)  # a phone number or account id in a record
                     if isinstance(item, str | dict | list):
-                        stack.append((item, sub, c))
+                        stack.append((item, sub, c, ck))
             elif isinstance(v, list):
                 sub = (*path, fields.ITEM) if len(path) < 64 else path
-                c = cls
+                c, ck = cls, kind
                 if c == _FREE and (trusted or sender):
                     if sender and fields.matches(sender, sub) is not None:
                         c = _SENDER
-                    elif trusted and fields.matches(trusted, sub) is not None:
-                        c = _ASSERTED
+                    elif trusted and (hit := fields.matches(trusted, sub)) is not None:
+                        c, ck = _ASSERTED, hit.kind
                 for item in v:
                     if isinstance(item, int | float) and not isinstance(item, bool):
                         item = str(item)
-                    stack.append((item, sub, c))
+                    stack.append((item, sub, c, ck))
 
-    def _index_string(self, tool: str, s: str, path: tuple[str | None, ...], cls: int) -> None:
+    def _index_string(
+        self, tool: str, s: str, path: tuple[str | None, ...], cls: int, kind: str | None = None
+    ) -> None:
         if cls == _SENDER:
             self.attributed.set_where((tool, fields.render(path)))
             self.attributed.add(s)
@@ -378,8 +412,10 @@ class SessionState:
         self.output.add(s)
         if cls == _ASSERTED and len(s) <= _ASSERTED_MAX:
             for d in dst.parse_cached(s):
-                if d.kind != "opaque":
-                    self.asserted.add(d.key)
+                # a bare name is the user or channel the field's kind says, or nothing
+                read = dst.field_name_read(d, kind) if d.kind != "opaque" else None
+                if read is not None:
+                    self.asserted.add(read.key)
 
     # ------------------------------------------------------------ provenance
 
@@ -419,6 +455,18 @@ class SessionState:
     # ------------------------------------------------------------ recording
 
     def record_allowed(self, call: ToolCall) -> list[SessionEvent]:
+        """Count an allowed call. With a shared ledger the call is counted there first; a ledger
+        that cannot count it raises SharedStateError and nothing changes here (the call is denied)."""
+        if self.ledger is not None:
+            total, count = self.ledger.record_call(call.server, call.tool, self._history_cap)
+            if total != self.calls_total + 1 or count != self.tool_calls.get(call.tool, 0) + 1:
+                # Calls this process did not make were counted: take the store's counts (the next
+                # call is judged on them) and refuse this one, which was judged on stale ones.
+                self.adopt_counts(self.ledger.counts())
+                raise SharedStateConflict(
+                    "another replica is serving this session at the same time "
+                    f"(the shared store counts {total} calls, this replica {self.calls_total})"
+                )
         self.history.append((call.server, call.tool))
         if len(self.history) > self._history_cap * 2:
             del self.history[: -self._history_cap]
@@ -433,6 +481,21 @@ class SessionState:
                     # a failure marks the group lost: every member then assumes every taint
                     self.group.raise_taint(taint.name, call.tool)
         return events
+
+    def adopt_counts(self, counts: SharedCounts) -> None:
+        """Take a session's budgets and history from the shared store (a session continued on
+        another replica, or a conflict): what was counted anywhere counts here."""
+        self.calls_total = counts.calls_total
+        self.tool_calls = dict(counts.tool_calls)
+        self.history = list(counts.history[-self._history_cap :]) if self._history_cap else []
+
+    def adopt_pins(self, data: dict[str, Any]) -> None:
+        """Take the pins of a session started on another replica. Unlike a pin file, this leaves
+        the listing unseen: Visor's own tools/list (before the first call) then reads this
+        upstream's tools and schemas and holds them to these pins, so a tool that differs on
+        the new upstream is a changed tool."""
+        self.import_pins(data)
+        self.listing_seen = False
 
     def remember_approval(self, call: ToolCall, decision: Decision, persist: bool = False) -> None:
         """Remember a human's yes for this tool, argument and destination only:

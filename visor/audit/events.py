@@ -78,6 +78,23 @@ def session_end(server: str) -> Event:
     return {"event": "session_end", "server": server}
 
 
+def session_adopted(
+    *, server: str, owner: str, previous_owner: str | None, calls_total: int, pins: int
+) -> Event:
+    """A gateway replica continues an MCP session another replica started (`visor serve --state`):
+    the counts and pins it took from the shared store, and who held the session before."""
+    event: Event = {
+        "event": "session_adopted",
+        "server": server,
+        "owner": owner,
+        "calls_total": calls_total,
+        "pins": pins,
+    }
+    if previous_owner is not None:
+        event["previous_owner"] = previous_owner
+    return event
+
+
 def call_verdict(
     kind: str,
     *,

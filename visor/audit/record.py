@@ -41,6 +41,7 @@ EVENTS: frozenset[str] = frozenset(
         "redact",
         "session_start",
         "session_end",
+        "session_adopted",
         "policy_load",
         "policy_reload",
         "audit_open",

@@ -28,6 +28,7 @@ from visor.core.guard import DENIED_REQUEST, DataGuard, Refuse, RequestVerdict
 from visor.logs import get_logger
 from visor.policy import attestation, readings
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
+from visor.session import SharedStateError
 from visor.wire import errors
 
 if TYPE_CHECKING:
@@ -350,13 +351,21 @@ class PolicyChecks(Checks):
         decision: Decision,
         ctx: CallContext,
         extra: dict[str, Any] | None = None,
-    ) -> AwaitCommit:
+    ) -> AwaitCommit | Answer:
+        # Budgets, history and taints change now, not when the fsync returns:
+        # the next pipelined call must already see this one.
+        try:
+            recorded = self.session.record_allowed(call)
+        except SharedStateError as exc:
+            # Not counted where every replica counts: a call no budget saw must not run.
+            log.error("shared_state_refused", tool=msg.tool, error=str(exc))
+            return self._deny(
+                msg, Decision("deny", "state.unavailable", f"Visor denied this call: {exc}"), ctx
+            )
         record = self._event(msg, "allow", decision)
         if extra:
             record.update(extra)
-        # Budgets, history and taints change now, not when the fsync returns:
-        # the next pipelined call must already see this one.
-        after = tuple(self._session_record(ev) for ev in self.session.record_allowed(call))
+        after = tuple(self._session_record(ev) for ev in recorded)
         return AwaitCommit(record, msg.raw, after, time.monotonic())
 
     def on_commit_failed(self, call: ToolCallState, error: str) -> Answer:

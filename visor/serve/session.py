@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,6 +147,38 @@ class McpSession:
                 with contextlib.suppress(BaseException):
                     await task
         self._finish()
+
+    async def replay_initialize(self, initialize: bytes, timeout: float = 30.0) -> None:
+        """Continue a session another replica started: its client's `initialize` (under an id of
+        Visor's own, its answer kept from the client, who had its answer long ago) and the
+        `initialized` notification, to this replica's new upstream. Raises if the upstream does
+        not answer with a result."""
+        obj = orjson.loads(initialize)
+        if not isinstance(obj, dict) or obj.get("method") != "initialize":
+            raise ValueError("the stored session holds no initialize request")
+        rpc_id = f"visor-adopt-{secrets.token_hex(8)}"
+        obj["id"] = rpc_id
+        ex = self.open_exchange(id_key(rpc_id), None)
+        try:
+            await self.send(orjson.dumps(obj))
+            async with asyncio.timeout(timeout):
+                while True:
+                    line = await ex.queue.get()
+                    self.delivered()
+                    if line is ENDED:
+                        raise ConnectionError("the session ended during its initialize")
+                    answer = orjson.loads(line)
+                    # Anything the upstream sends before its answer (a log line) is the old client's
+                    # business no more: only the answer matters here.
+                    if isinstance(answer, dict) and "method" not in answer and answer.get("id") == rpc_id:
+                        break
+        finally:
+            self.close_exchange(ex)
+        if "result" not in answer:
+            raise ConnectionError(
+                f"the new upstream refused the session's initialize: {answer.get('error')!r}"
+            )
+        await self.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
 
     # ------------------------------------------------------------ to the relay
     async def send(self, line: bytes) -> None:
