@@ -27,6 +27,7 @@ from visor.groups import identity
 from visor.groups.store import (
     DEFAULT_MAX_KEYS,
     JOIN_TIMEOUT_S,
+    GroupBackend,
     GroupStore,
     GroupStoreError,
     mark_lost,
@@ -84,7 +85,7 @@ class GroupIndex:
     def __init__(
         self,
         ident: identity.GroupIdentity,
-        store: GroupStore | None,
+        store: GroupBackend | None,
         failure: str | None = None,
     ) -> None:
         self.identity = ident

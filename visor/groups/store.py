@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from visor.audit.paths import visor_home
 from visor.groups import identity
@@ -289,6 +290,30 @@ class Approval:
     tool: str
     argument: str
     remember: bool
+
+
+class GroupBackend(Protocol):
+    """What ``GroupIndex`` asks of a group store: ``GroupStore`` (SQLite, one machine) and
+    ``visor.state.redis_store.RedisGroupStore`` (Redis/Valkey, replicas of a gateway).
+    Reads answer None when they cannot tell; writes raise ``GroupStoreError``."""
+
+    def record(self, batch: Mapping[int, Iterable[str]]) -> RecordResult: ...
+
+    def seen(self, key: str, kind: int = OUTPUT) -> bool | None: ...
+
+    def seen_any(self, keys: Iterable[str], kind: int = OUTPUT) -> bool | None: ...
+
+    def where(self, keys: Iterable[str], kind: int = OUTPUT) -> str | None: ...
+
+    def raise_taint(self, name: str, tool: str | None = None) -> None: ...
+
+    def taints(self) -> frozenset[str] | None: ...
+
+    def approve(self, dest: str, *, tool: str, argument: str, remember: bool = False) -> None: ...
+
+    def approved(self, dest: str, *, tool: str | None = None, argument: str | None = None) -> bool | None: ...
+
+    def close(self) -> None: ...
 
 
 class GroupStore:
