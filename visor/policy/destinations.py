@@ -104,12 +104,60 @@ def read_as(d: Dest, kind: str | None) -> Dest:
     """``d`` as the argument it was found in names it. A bare or ``@`` name in
     an argument that holds users is the user of that name (``user:alice``),
     not a channel: a trust entry ``#alice`` or an approval of the channel
-    ``alice`` does not place it. Everything else is what it was read as: an
-    address, URL or number whatever the argument, and a ``#name`` a channel
-    wherever it is written."""
+    ``alice`` does not place it. An argument declared to hold one shape
+    (``email``, ``url``, ``phone``, ``iban``: ``sink_kinds``) reads a value of
+    another shape as opaque (asked, never placed, denied if seen). Everything
+    else is what it was read as: an address, URL or number whatever the
+    argument, and a ``#name`` a channel wherever it is written."""
     if kind == "user" and d.kind == "channel" and d.sigil != "#":
         return Dest("user", f"user:{d.value}", d.keys, None, d.sigil)
+    shapes = _SHAPES.get(kind or "")
+    if shapes is not None and d.kind not in shapes and d.kind != "opaque":
+        # an account argument holding a phone-shaped number, a mail argument
+        # holding a bare name: the server reads it as something Visor cannot
+        # place with certainty
+        return Dest("opaque", f"opaque:{d.value}", d.keys, d.domain, d.sigil)
     return d
+
+
+def readings(d: Dest, kind: str | None) -> tuple[Dest, ...]:
+    """Every destination ``d`` may be, read in an argument of ``kind`` (a
+    ``sink_kinds`` kind, or ``named_kind`` of the argument's name, or None).
+
+    A bare name in an argument whose kind is not known (None or ``any``) may
+    be a user or a channel: both readings come back, and the name is placed
+    only when each of them is (fail closed: the broadest kind). Otherwise one
+    reading, as ``read_as`` gives it."""
+    if kind in (None, "any") and d.kind == "channel" and d.sigil != "#":
+        return (d, Dest("user", f"user:{d.value}", d.keys, None, d.sigil))
+    return (read_as(d, kind),)
+
+
+def field_name_read(d: Dest, kind: str | None) -> Dest | None:
+    """What a trusted output field of ``kind`` (``FieldPath.kind``: declared,
+    or said by the field's name) asserts by ``d``; None when it asserts nothing
+    with certainty: a bare or ``@`` name in a field that says neither users nor
+    channels (a service listing ``names`` has not said which)."""
+    if d.kind != "channel" or d.sigil == "#":
+        return d
+    if kind == "user":
+        return Dest("user", f"user:{d.value}", d.keys, None, d.sigil)
+    if kind == "channel":
+        return d
+    return None
+
+
+#: ``sink_kinds`` values: what one argument of a sending tool names. ``any``
+#: is a name of either kind (both must be placed); ``none`` says the argument
+#: is no destination of data (the channel a user is added to).
+SINK_KINDS: tuple[str, ...] = ("user", "channel", "email", "url", "phone", "iban", "any", "none")
+#: Kinds an argument declared to hold one shape accepts as read.
+_SHAPES: dict[str, frozenset[str]] = {
+    "email": frozenset({"email"}),
+    "url": frozenset({"url", "host"}),
+    "phone": frozenset({"phone"}),
+    "iban": frozenset({"iban"}),
+}
 
 
 # ------------------------------------------------------------- normalising

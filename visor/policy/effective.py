@@ -52,6 +52,8 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
         rules=base.rules + over.rules,
         exfiltrating=over.exfiltrating if over.exfiltrating is not None else base.exfiltrating,
         sink_params=union(base.sink_params, over.sink_params),
+        # per argument, what the policy says wins over the pack
+        sink_kinds=tuple({**dict(base.sink_kinds), **dict(over.sink_kinds)}.items()),
         trusted_destinations=union(base.trusted_destinations, over.trusted_destinations),
         write_params=union(base.write_params, over.write_params),
         allowed_path_prefixes=union(base.allowed_path_prefixes, over.allowed_path_prefixes),

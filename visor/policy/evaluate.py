@@ -376,9 +376,15 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
     if exfil is False or (exfil is None and not c.eff.fallback):
         return []
     sinks = set(entry.sink_params) if entry is not None else set()
+    # sink_kinds: an argument given a kind is a destination; one given "none"
+    # is not, even when its name looks like one (the channel a user is added
+    # to), unless sink_params also names it
+    kinds = entry.sink_kinds if entry is not None else ()
+    sinks.update(a for a, k in kinds if k != "none")
+    not_sinks = {a for a, k in kinds if k == "none"} - sinks
     out: list[tuple[str, str]] = []
     for k, v in args.items():
-        if k in sinks or dst.is_destination_name(k):
+        if k in sinks or (k not in not_sinks and dst.is_destination_name(k)):
             out.extend((k, s) for s in dst.iter_values(v) if s.strip())
     if not out and exfil is True and not sinks:
         # a sending tool with no declared destination: every address-shaped value counts
@@ -424,22 +430,41 @@ def check_provenance(c: _Ctx) -> Decision | None:
     tool = c.call.tool
     srv = session.server_entry
     denied = srv.denied_destinations if srv is not None else ()
-    # A name is read as the kind its argument names (a bare name in a
-    # recipient argument is a user, not a channel); what output asserted is
-    # looked up as read there, where no argument says the kind.
-    parsed = [(arg, d) for arg, value in pairs for d in c.view.parse(value)]
-    read = parsed
-    for _a, d in read:
-        if d.kind == "channel":  # only names change kind
-            parsed = [(arg, dst.read_as(d, dst.named_kind(arg))) for arg, d in read]
-            break
+    # A destination is read as the kind its argument names: declared in
+    # sink_kinds, else said by the argument's name (a bare name in a
+    # recipient argument is a user, not a channel). A bare name in an argument
+    # whose kind cannot be told is read as both a user and a channel, and is
+    # placed only when both readings are (dst.readings).
+    declared = dict(c.entry.sink_kinds) if c.entry is not None and c.entry.sink_kinds else {}
+    parsed: list[tuple[str, dst.Dest]] = []
+    alternatives: dict[int, tuple[dst.Dest, ...]] = {}
+    for arg, value in pairs:
+        kind = declared.get(arg)
+        if kind is None or kind == "none":  # "none" here: sink_params also names it
+            kind = dst.named_kind(arg)
+        for d in c.view.parse(value):
+            reads = dst.readings(d, kind)
+            if len(reads) > 1:
+                alternatives[len(parsed)] = reads
+            parsed.append((arg, reads[0]))
+
+    def placed_as(arg: str, d: dst.Dest) -> bool:
+        return d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(d)
+
+    def placed_both(arg: str, reads: tuple[dst.Dest, ...]) -> bool:
+        # a human's yes covers the name as asked (its first reading); trust
+        # and asserted fields must place every reading
+        if session.approved(tool, arg, reads[0].key):
+            return True
+        return all(r.key in trust.keys or session.asserted_destination(r) for r in reads)
+
     # Placed without a human: an exact trusted destination, one a human
     # approved for this tool and argument earlier in the session (or in an
     # earlier one, with "remember"), or one the service itself asserted in a
     # trusted field of its output (a calendar participant, a file's
     # shared_with): a known correspondent, even if free text repeats it.
     placed = [
-        d.key in trust.keys or session.approved(tool, arg, d.key) or session.asserted_destination(read[i][1])
+        placed_both(arg, alternatives[i]) if i in alternatives else placed_as(arg, d)
         for i, (arg, d) in enumerate(parsed)
     ]
     group = session.group
@@ -505,7 +530,7 @@ def check_provenance(c: _Ctx) -> Decision | None:
                 destination=d.key,
                 argument=arg,
             )
-        if trust.covers(d):
+        if all(trust.covers(r) for r in alternatives.get(i, (d,))):
             if not full:
                 if seen_in_group(i, d) is False:
                     continue

@@ -13,6 +13,13 @@ names those fields with paths:
 * ``shared_with.*``: every value of a mapping member ``shared_with``;
 * ``contacts[*].email``: the ``email`` of every record in ``contacts``.
 
+A path may end with `` as user`` or `` as channel``: the kind of name the
+field holds (``[*] as channel`` for a tool that returns a list of channel
+names). Without it the innermost member name that says a kind says it, as an
+argument's name does (``users[*]``, ``members``: users; ``channels[*].name``:
+channels); a field whose name says neither asserts addresses, URLs and
+numbers but no bare name (``destinations.field_name_read``).
+
 A path matches the last segments of where a value stands, so it applies to
 a record wherever the record is (a list of records, a record inside a
 result). What a path matches counts whole: every string inside it, mapping
@@ -33,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from visor.policy.destinations import named_kind
 from visor.policy.paths import snake
 
 #: A list item in a path (``[*]``); a mapping member is its snake_case name.
@@ -46,17 +54,47 @@ _TOKEN = re.compile(r"\[\*\]|\*|[^.\[\]]+|\.|\[[^\]]*\]?")
 
 @dataclass(frozen=True, slots=True)
 class FieldPath:
-    """One compiled path: ``text`` as written, ``segments`` to match."""
+    """One compiled path: ``text`` as written, ``segments`` to match, and
+    ``kind``, the kind of bare name the field holds (``user``, ``channel``;
+    None: it does not say)."""
 
     text: str
     segments: tuple[str | None, ...]
+    kind: str | None = None
+
+
+#: Kinds of name a field path may declare with `` as KIND``.
+FIELD_KINDS = ("user", "channel")
+_AS = re.compile(r"(?:^|\s+)as\s+(\S+)\s*$")
 
 
 def compile_path(text: str) -> FieldPath:
-    """``participants[*]`` -> segments (``participants``, ITEM). Raises ValueError saying why."""
+    """``participants[*]`` -> segments (``participants``, ITEM); ``[*] as
+    channel`` -> (ITEM,), kind ``channel``. Raises ValueError saying why."""
     s = text.strip()
     if not s:
         raise ValueError("a field path must not be empty")
+    declared: str | None = None
+    m = _AS.search(s)
+    if m is not None:
+        declared = m.group(1)
+        if declared not in FIELD_KINDS:
+            raise ValueError(f"{text!r}: a field holds names 'as user' or 'as channel', not {declared!r}")
+        s = s[: m.start()].strip()
+        if not s:
+            raise ValueError(f"{text!r}: 'as {declared}' needs a path before it")
+    fp = _compile_segments(text, s)
+    if declared is None:
+        # the innermost member that says a kind: channels[*].name holds channels
+        for seg in reversed(fp.segments):
+            if seg is not ITEM and seg != ANY:
+                declared = named_kind(seg)
+                if declared is not None:
+                    break
+    return FieldPath(text.strip(), fp.segments, declared)
+
+
+def _compile_segments(text: str, s: str) -> FieldPath:
     segs: list[str | None] = []
     expect_name = True  # at the start or after "."
     for m in _TOKEN.finditer(s):

@@ -24,6 +24,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from visor import redact
+from visor.policy import destinations as dst
 from visor.policy import fields, paths
 from visor.policy.evaluate import compile_policy
 from visor.policy.reader import TAG, Reader, compose, kind_of
@@ -138,6 +139,7 @@ _TOOL_COMMON = frozenset(
         "description",
         "exfiltrating",
         "sink_params",
+        "sink_kinds",
         "trusted_destinations",
         "write_params",
         "allowed_path_prefixes",
@@ -223,6 +225,20 @@ def _settings(r: Reader, node: Node) -> Settings:
     return Settings(**kw)
 
 
+def _sink_kinds(r: Reader, node: Node, key: str, sinks: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``sink_kinds: {user: user, channel: none}``: argument name to the kind it names."""
+    if not isinstance(node, MappingNode):
+        r.fail(node, key, f"expected a mapping of argument name to kind, got {kind_of(node)}")
+    names = {k.value for k, _ in node.value if isinstance(k, ScalarNode)}
+    out: list[tuple[str, str]] = []
+    for arg, v in r.mapping(node, key, names).items():
+        kind = r.choice(v, f"{key}.{arg}", dst.SINK_KINDS)
+        if kind == "none" and arg in sinks:
+            r.fail(v, f"{key}.{arg}", f"argument {arg!r} is in sink_params: it cannot also be 'none'")
+        out.append((arg, kind))
+    return tuple(out)
+
+
 def _tool(r: Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPolicy:
     allowed_keys = _TOOL_COMMON if in_pack else _TOOL
     required = ("name",) if in_pack else ("name", "allowed")
@@ -248,6 +264,8 @@ def _tool(r: Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPo
     for k in ("sink_params", "write_params"):
         if k in m:
             kw[k] = r.strs(m[k], f"{key}.{k}")
+    if "sink_kinds" in m:
+        kw["sink_kinds"] = _sink_kinds(r, m["sink_kinds"], f"{key}.sink_kinds", kw.get("sink_params", ()))
     if "trusted_destinations" in m:
         kw["trusted_destinations"] = r.strs(m["trusted_destinations"], f"{key}.trusted_destinations")
     if "allowed_path_prefixes" in m:

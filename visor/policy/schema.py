@@ -144,6 +144,9 @@ class ToolPolicy:
     rules: tuple[Rule, ...] = ()
     exfiltrating: bool | None = None
     sink_params: tuple[str, ...] = ()
+    # (argument, kind): what an argument of a sending tool names (``sink_kinds``:
+    # destinations.SINK_KINDS); "none" says it is no destination of data
+    sink_kinds: tuple[tuple[str, str], ...] = ()
     trusted_destinations: tuple[str, ...] = ()  # normalised
     write_params: tuple[str, ...] = ()
     allowed_path_prefixes: tuple[str, ...] = ()  # absolute, normalised
