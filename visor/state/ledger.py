@@ -38,15 +38,16 @@ DEFAULT_TTL_S = 2 * 900.0
 #: An MCP session id: visible ASCII (the specification's 0x21 to 0x7E), bounded here.
 _SID = re.compile(r"[\x21-\x7e]{1,256}")
 
-# KEYS: meta tools history; ARGV: ttl_ms, initialize, client, owner. 1 made, 0 exists.
+# KEYS: meta tools history; ARGV: ttl_ms, initialize, client, owner. Answers in words no
+# constant reply ("+OK", ":1") can pass for: a relay answering anything is not a success.
 _CREATE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'visor:exists' end
 redis.call('HSET', KEYS[1], 'initialize', ARGV[2], 'client', ARGV[3], 'owner', ARGV[4],
            'ended', '0', 'calls', '0')
 redis.call('DEL', KEYS[2], KEYS[3])
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
-return 1
+return 'visor:created'
 """
 
 # KEYS: meta tools history; ARGV: ttl_ms, field, value. Sets a field of an existing
@@ -195,9 +196,9 @@ class SessionLedger:
             raise
         except Exception as exc:
             raise StateUnavailable(f"create session: {type(exc).__name__}: {exc}") from exc
-        if made == 0:
+        if made == b"visor:exists":
             raise StateConflict(f"session {sid[:40]!r} already exists in the state store")
-        if made != 1:
+        if made != b"visor:created":
             raise StateUnavailable("create session: a malformed reply from the store")
 
     def load(self, sid: str) -> LedgerRecord | None:
