@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench fuzz eval lint format clean go-toolchain
+.PHONY: setup test demo bench fuzz eval lint format clean go-toolchain services
 
 NODE_SERVER := $(VENV)/node/node_modules/.bin/mcp-server-filesystem
 
@@ -47,11 +47,25 @@ go-toolchain:
 		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q golang-go >/dev/null 2>&1; }; }; } || \
 		echo "note: go could not be installed; the Go differential tests will skip"
 
+# redis-server and nginx, for the shared-state and gateway tests (tests/state, and
+# the replicas behind nginx). Debian packages, where apt can install them; without
+# them those tests skip and name the package.
+services:
+	@command -v redis-server >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q redis-server >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; }; }; } || \
+		echo "note: redis-server could not be installed; the shared-state tests will skip"
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q nginx-light >/dev/null 2>&1 || apt-get install -y -q nginx >/dev/null 2>&1 || \
+		  { apt-get update -q >/dev/null 2>&1 && { apt-get install -y -q nginx-light >/dev/null 2>&1 || \
+		    apt-get install -y -q nginx >/dev/null 2>&1; }; }; }; } || \
+		echo "note: nginx could not be installed; the tests behind nginx will skip"
+
 # What mypy checks: the whole package (strict where pyproject.toml says so).
 MYPY_PATHS := visor
 
 # tests/eval needs AgentDojo, which only `make eval` installs: it runs there.
-test: $(STAMP) $(NODE_SERVER) go-toolchain conformance-tools
+test: $(STAMP) $(NODE_SERVER) go-toolchain services conformance-tools
 	$(BIN)/ruff check visor tests
 	$(BIN)/ruff format --check visor tests
 	$(BIN)/python -m mypy $(MYPY_PATHS)
