@@ -520,9 +520,15 @@ def check_provenance(c: _Ctx) -> Decision | None:
     for i, ((arg, d), ok) in enumerate(zip(parsed, placed, strict=True)):
         if ok:
             continue
-        if session.attributed.seen(d) or (group is not None and group.seen(d, dst.ATTRIBUTED) is True):
+        covered = all(trust.covers(r) for r in alternatives.get(i, (d,)))
+        if not covered and (
+            session.attributed.seen(d) or (group is not None and group.seen(d, dst.ATTRIBUTED) is True)
+        ):
             # Seen only in a field a third party writes (a received mail's
             # sender): a real sender, but whoever mails the user writes it.
+            # One the trust list covers (a colleague at the user's own domain)
+            # is not a stranger: who wrote the record does not change where
+            # the data goes, so the trust list decides below.
             return _ask(
                 "provenance.third_party_output",
                 f"destination {d.value} in argument {arg!r} appeared {_seen_where(c, d, True)}, "
@@ -530,7 +536,7 @@ def check_provenance(c: _Ctx) -> Decision | None:
                 destination=d.key,
                 argument=arg,
             )
-        if all(trust.covers(r) for r in alternatives.get(i, (d,))):
+        if covered:
             if not full:
                 if seen_in_group(i, d) is False:
                     continue
