@@ -761,8 +761,8 @@ def _with_engine(red: Redaction) -> Redaction:
     return replace(red, engine=engine)
 
 
-def _build(text: str, source: str, sha: str) -> Policy:
-    root = compose(text, source)
+def _build(text: str, source: str, sha: str, *, embedded: bool = False) -> Policy:
+    root = compose(text, source, embedded=embedded)
     r = Reader(source, _HINTS)
     if root is None:
         raise PolicyError(source, 0, "", "the policy is empty")
@@ -850,8 +850,8 @@ def _build(text: str, source: str, sha: str) -> Policy:
 _PACKS: dict[str, Pack] | None = None
 
 
-def load_pack_text(text: str, source: str) -> Pack:
-    root = compose(text, source)
+def load_pack_text(text: str, source: str, *, embedded: bool = False) -> Pack:
+    root = compose(text, source, embedded=embedded)
     r = Reader(source, _HINTS)
     if root is None:
         raise PolicyError(source, 0, "", "the pack is empty")
@@ -880,7 +880,7 @@ def _packs() -> dict[str, Pack]:
         folder = resources.files("visor.policy") / "packs"
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".yaml"):
-                pack = load_pack_text(entry.read_text(encoding="utf-8"), f"packs/{entry.name}")
+                pack = load_pack_text(entry.read_text(encoding="utf-8"), f"packs/{entry.name}", embedded=True)
                 found[pack.name] = pack
         _PACKS = found
     return _PACKS
@@ -940,4 +940,4 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
 def load_default_policy() -> Policy:
     """The embedded default policy (visor/policy/default.yaml)."""
     data = (resources.files("visor.policy") / "default.yaml").read_bytes()
-    return _build(data.decode("utf-8"), "<default>", hashlib.sha256(data).hexdigest())
+    return _build(data.decode("utf-8"), "<default>", hashlib.sha256(data).hexdigest(), embedded=True)
