@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-from mcp.server.fastmcp import FastMCP
+from mcp.server.mcpserver import MCPServer
 
-mcp = FastMCP("mailbox")
+mcp = MCPServer("mailbox")
 STRANGER = "drop@exfil.example"
 
 

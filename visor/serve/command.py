@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from visor.relay.reload import PolicySource
     from visor.serve.gateway import GatewayConfig
     from visor.serve.session import McpSession
+    from visor.serve.state import Adoption, SharedState
+    from visor.serve.workers import Worker
 
 DEFAULT_LISTEN = "127.0.0.1:8808"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -104,6 +106,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="console", choices=["json", "console"])
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--workers", type=_positive_int, default=1, metavar="N",
+        help="N processes serving the one port, each session kept by the process that opened it; "
+        "each writes its own audit log, FILE.worker-I.jsonl (default 1: one process, docs/deploy.md)",
+    )  # fmt: skip
+    # Set by the --workers supervisor on the command line of each worker it starts (visor/serve/workers.py).
+    p.add_argument("--worker-of", metavar="SPEC", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--state", metavar="URL",
+        help="keep each session's state (budgets, pins, untrusted output, taints, approvals) in this "
+        "Redis/Valkey server (redis://HOST:PORT/DB) so any replica can continue any session "
+        "(docs/deploy.md); needs the 'state' extra",
+    )  # fmt: skip
     p.add_argument("--url", metavar="URL", help="a Streamable HTTP server instead of COMMAND (no OAuth)")
     p.add_argument(
         "--header", metavar="'NAME: VALUE'", action="append", default=[],
@@ -157,7 +172,12 @@ class _Shared:
     listing_timeout: float
 
 
-def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstreamConfig | None) -> _Shared:
+def _open_shared(
+    args: argparse.Namespace,
+    command: list[str],
+    http: HttpUpstreamConfig | None,
+    worker: Worker | None = None,
+) -> _Shared:
     from visor.audit.signing import signer_from_args
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.policy import attestation
@@ -189,6 +209,8 @@ def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstrea
     candidates = [Path(args.audit_log)] if args.audit_log else default_audit_candidates(
         default_audit_path_for(args.server_name, command)
     )  # fmt: skip
+    if worker is not None:
+        candidates = map(worker.audit_path, candidates)  # one log per worker: one writer, one chain
     for path in candidates:
         try:
             audit = AuditWriter.open(
@@ -207,18 +229,43 @@ def _open_shared(args: argparse.Namespace, command: list[str], http: HttpUpstrea
     raise AssertionError("the audit candidates never end")
 
 
+def _open_state(args: argparse.Namespace) -> SharedState | None:
+    """The shared store of `--state`, reached once at start: a store that does not answer now is a
+    configuration to fix, not a reason to start and refuse every session."""
+    if not args.state:
+        return None
+    try:
+        from visor.serve.state import SharedState, StateOptionError
+    except ImportError as exc:  # pragma: no cover - the extra is part of the test install
+        raise ServeError(f"--state needs the 'state' extra (pip install 'visor[state]'): {exc}") from exc
+    try:
+        state = SharedState(args.state, ttl_seconds=max(2 * args.idle_timeout, 60.0))
+        state.ping()
+    except ImportError as exc:
+        raise ServeError(f"--state needs the 'state' extra (pip install 'visor[state]'): {exc}") from exc
+    except StateOptionError as exc:
+        raise ServeError(str(exc)) from exc
+    logs.get_logger("visor.serve").info("state_store", store=state.display, owner=state.owner)
+    return state
+
+
 def _session_factory(
     args: argparse.Namespace,
     shared: _Shared,
     gateway_ref: list[Any],
     reloads: list[PolicyReloaded],
     metrics: GatewayMetrics,
+    shared_state: SharedState | None = None,
 ) -> Any:
     """One MCP session: the pieces `visor run` builds per process, built per session.
 
     Every session starts with the policy loaded at start-up, then is given the last reload that
     loaded (`reloads`), as the sessions running at that SIGHUP were: the same checks decide
-    whether it can be put in force, and its records say so."""
+    whether it can be put in force, and its records say so.
+
+    With `--state`, the session's group store and call ledger are on the shared store, and a
+    session adopted from another replica (`adoption`) starts from the counts and pins recorded
+    there, then replays the client's `initialize` to its own new upstream."""
     from visor.approval.broker import ApprovalBroker
     from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
     from visor.core.checks import PolicyChecks
@@ -251,22 +298,39 @@ def _session_factory(
         register_approval_dir(Path(args.approval_dir), args.server_name)
     elicitation = True if args.approval_elicitation else None
 
-    async def new_session(sid: str) -> McpSession:
+    async def new_session(sid: str, adoption: Adoption | None = None) -> McpSession:
+        from visor.serve.state import counts_of
+
         policy = shared.policy
         approvals = ApprovalBroker(
             channels=[DirectoryChannel(approval_dir)] if approval_dir is not None else [],
             timeout=float(policy.settings.approval_timeout_seconds),
             elicitation=elicitation,
         )
-        state = SessionState(policy, args.server_name, identity=args.identity)
-        pin_saver = None
+        group = None
+        if shared_state is not None:
+            group = shared_state.group(sid, args.server_name, policy.settings.output_index_max_keys)
+        state = SessionState(policy, args.server_name, identity=args.identity, group=group)
+        savers: list[Any] = []
         if args.pin_file:
             pin_path = Path(args.pin_file)
             if pin_path.exists():
                 state.import_pins(read_pins(pin_path))
+            savers.append(lambda data: write_pins(pin_path, data))
+        if shared_state is not None:
+            link = shared_state.link(sid)
+            state.ledger = link
+            savers.append(link.save_pins)
+            if adoption is not None:
+                state.adopt_counts(counts_of(adoption.record))
+                if adoption.record.pins:
+                    state.adopt_pins(adoption.record.pins)
+        pin_saver = None
+        if savers:
 
             def save_pins(data: dict[str, Any]) -> None:
-                write_pins(pin_path, data)
+                for saver in savers:
+                    saver(data)
 
             pin_saver = save_pins
         if approved_path.exists():
@@ -305,6 +369,23 @@ def _session_factory(
         for reloaded in reloads[-1:]:
             relay.feed(reloaded)
         await session.start()
+        if adoption is not None:
+            from visor.audit import events as audit_events
+
+            audit.append(
+                audit_events.session_adopted(
+                    server=args.server_name,
+                    owner=shared_state.owner if shared_state is not None else "",
+                    previous_owner=adoption.previous_owner,
+                    calls_total=adoption.record.calls_total,
+                    pins=len((adoption.record.pins or {}).get("tools") or {}),
+                )
+            )
+            try:
+                await session.replay_initialize(adoption.record.initialize)
+            except Exception:
+                await session.end(config.shutdown_grace + 10.0)
+                raise
         return session
 
     return new_session
@@ -394,9 +475,23 @@ def serve_command(args: argparse.Namespace) -> int:
         token = _token(args, host)
         if not 0 < args.idle_timeout <= 86400:
             raise ServeError("--idle-timeout must be above 0 and at most 86400 seconds")
+        from visor.serve.workers import MAX_WORKERS, Worker, WorkerSpec, WorkerSpecError
+
+        if args.workers > MAX_WORKERS:
+            raise ServeError(f"--workers {args.workers}: at most {MAX_WORKERS}")
+        worker = None
+        if args.worker_of is not None:
+            try:
+                worker = Worker(WorkerSpec.parse(args.worker_of))
+            except (WorkerSpecError, OSError) as exc:
+                raise ServeError(str(exc)) from exc
     except ServeError as exc:
         print(f"visor serve: {exc}", file=sys.stderr)
         return 2
+    if worker is None and args.workers > 1:
+        from visor.serve.workers import supervise
+
+        return supervise(args, host, port, sys.argv[1:])
     from visor.serve.gateway import GatewayConfig
 
     config = GatewayConfig(
@@ -414,7 +509,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from visor.relay import loop as event_loop
 
     try:
-        return event_loop.run(_serve(args, command, http, config))
+        return event_loop.run(_serve(args, command, http, config, worker))
     except ServeError as exc:
         print(f"visor serve: {exc}", file=sys.stderr)
         return 1
@@ -424,7 +519,11 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    args: argparse.Namespace, command: list[str], http: HttpUpstreamConfig | None, config: GatewayConfig
+    args: argparse.Namespace,
+    command: list[str],
+    http: HttpUpstreamConfig | None,
+    config: GatewayConfig,
+    worker: Worker | None = None,
 ) -> int:
     from aiohttp import web
 
@@ -433,19 +532,22 @@ async def _serve(
     log = logs.get_logger("visor.serve")
     if args.unsafe_no_fsync:
         log.warning("audit_not_durable", detail="--unsafe-no-fsync: allows are not fsync'd before relay")
-    shared = _open_shared(args, command, http)
+    shared_state = _open_state(args)
+    shared = _open_shared(args, command, http, worker)
     gateway_ref: list[Any] = []
     reloads: list[PolicyReloaded] = []
     try:
         metrics = GatewayMetrics()
         shared.audit.observe_fsync(metrics.fsynced)
-        factory = _session_factory(args, shared, gateway_ref, reloads, metrics)
+        factory = _session_factory(args, shared, gateway_ref, reloads, metrics, shared_state)
     except BaseException:
         # A refused option must not leave the audit writer's thread running.
         await shared.audit.close()
         raise
-    gateway = Gateway(config, factory, metrics)
+    gateway = Gateway(config, factory, metrics, state=shared_state)
     gateway_ref.append(gateway)
+    if worker is not None:
+        worker.attach(gateway)
     runner = web.AppRunner(
         gateway.app(),
         access_log=None,
@@ -465,14 +567,18 @@ async def _serve(
     expiry = loop.create_task(gateway.expire_idle())
     try:
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-        await site.start()
-        port = config.port
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            port = server.sockets[0].getsockname()[1]
-        shown = f"[{config.host}]" if ":" in config.host else config.host
-        print(f"visor serve: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
+        if worker is not None:
+            # The supervisor's socket, and the ready line is the supervisor's to print.
+            await worker.start(runner, stop)
+        else:
+            site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+            await site.start()
+            port = config.port
+            server = getattr(site, "_server", None)
+            if server is not None and server.sockets:
+                port = server.sockets[0].getsockname()[1]
+            shown = f"[{config.host}]" if ":" in config.host else config.host
+            print(f"visor serve: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
         await stop.wait()
         log.info("serve_stopping", sessions=len(gateway.sessions))
     finally:
@@ -484,5 +590,9 @@ async def _serve(
             await expiry
         await gateway.close()
         await runner.cleanup()
+        if worker is not None:
+            await worker.close()
         await shared.audit.close()
+        if shared_state is not None:
+            shared_state.close()
     return 0

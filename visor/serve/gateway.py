@@ -10,6 +10,7 @@ Order: Origin (403), client token (401), method and headers (405, 406, 415), ses
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import hmac
 import ipaddress
@@ -17,7 +18,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -31,6 +32,9 @@ from visor.serve.session import ENDED, Exchange, McpSession, id_key
 from visor.wire import errors
 from visor.wire.message import Kind, Message, Rejected
 
+if TYPE_CHECKING:
+    from visor.serve.state import Adoption, SharedState
+
 log = get_logger("visor.serve")
 
 SESSION_HEADER = "Mcp-Session-Id"
@@ -38,8 +42,14 @@ VERSION_HEADER = "MCP-Protocol-Version"
 # The revisions whose HTTP transport this gateway serves (sessions created by initialize).
 SUPPORTED_VERSIONS = frozenset({"2025-03-26", "2025-06-18", "2025-11-25"})
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# `visor serve --workers`: a request for another worker's session is answered by that worker
+# (visor/serve/workers.py); None means "serve it here".
+Forwarder = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+# Ended session ids remembered against re-adoption while the store learns they ended.
+_ENDED_KEEP = 4096
 
-SessionFactory = Callable[[str], Awaitable[McpSession]]
+# (session id, the record of a session another replica started, or None for a new one)
+SessionFactory = Callable[[str, "Adoption | None"], Awaitable[McpSession]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +90,29 @@ class Gateway:
     """The session table and the request handlers."""
 
     def __init__(
-        self, config: GatewayConfig, new_session: SessionFactory, metrics: GatewayMetrics | None = None
+        self,
+        config: GatewayConfig,
+        new_session: SessionFactory,
+        metrics: GatewayMetrics | None = None,
+        state: SharedState | None = None,
     ) -> None:
         self.config = config
+        # `--state`: sessions are recorded in a shared store, and any replica continues any of them.
+        self.state = state
+        self._adopting: dict[str, asyncio.Task[McpSession | web.Response]] = {}
+        # Sessions that ended here, so that none is adopted again before the store says it ended.
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._closing = False
+        self._background: set[asyncio.Task[Any]] = set()
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self._new_session = new_session
         self.sessions: dict[str, McpSession] = {}
         self._opening = 0
         self._ending: set[asyncio.Task[None]] = set()
         self._expected_auth = f"Bearer {config.token}".encode() if config.token is not None else None
+        # Set by a worker of `visor serve --workers N`: its index on the ids it mints, and its forwarder.
+        self.sid_suffix = ""
+        self.forward: Forwarder | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_message_bytes + 1)
@@ -98,10 +122,33 @@ class Gateway:
         return app
 
     # ------------------------------------------------------------ sessions
+    def mint_sid(self) -> str:
+        """128 random bits, visible ASCII; a worker adds `-I`, so any worker can tell the owner."""
+        return secrets.token_hex(16) + self.sid_suffix
+
     def session_ended(self, session: McpSession) -> None:
         if self.sessions.get(session.sid) is session:
             del self.sessions[session.sid]
             log.info("session_closed", mcp_session=session.sid, sessions=len(self.sessions))
+        if self.state is not None and not self._closing:
+            # Over for every replica (DELETE, idle, or its upstream ended). A replica that stops
+            # leaves its sessions in the store instead, for the others to continue.
+            self._ended[session.sid] = None
+            while len(self._ended) > _ENDED_KEEP:
+                self._ended.popitem(last=False)
+            self._in_background(self._end_in_store(session.sid))
+
+    async def _end_in_store(self, sid: str) -> None:
+        assert self.state is not None
+        try:
+            await asyncio.to_thread(self.state.ledger.end, sid)
+        except Exception as exc:  # it expires with its TTL; until then another replica could adopt it
+            log.error("state_session_end_failed", mcp_session=sid, error=str(exc))
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _end_later(self, session: McpSession) -> None:
         task = asyncio.get_running_loop().create_task(session.end(self.config.end_grace))
@@ -121,11 +168,15 @@ class Gateway:
                     self._end_later(session)
 
     async def close(self) -> None:
-        """Every session ended (its upstream stopped) before the gateway stops."""
+        """Every session ended (its upstream stopped) before the gateway stops. With `--state`,
+        they stay open in the store: another replica continues them."""
+        self._closing = True
         sessions = list(self.sessions.values())
         await asyncio.gather(*(s.end(self.config.end_grace) for s in sessions), return_exceptions=True)
         if self._ending:
             await asyncio.gather(*self._ending, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     # ------------------------------------------------------------ checks common to every method
     def _refuse_origin_or_auth(self, request: web.Request) -> web.Response | None:
@@ -175,7 +226,7 @@ class Gateway:
         # A page served from this machine's loopback under another spelling is the same machine.
         return is_loopback(listen) and is_loopback(host)
 
-    def _session_for(self, request: web.Request) -> McpSession | web.Response:
+    async def _session_for(self, request: web.Request) -> McpSession | web.Response:
         sid = request.headers.get(SESSION_HEADER)
         if sid is None:
             if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS:
@@ -187,14 +238,87 @@ class Gateway:
                     "sessionless 2026-07-28 requests are not served yet",
                 )  # fmt: skip
             return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
-        session = self.sessions.get(sid)
-        if session is None or session.ended:
-            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
         version = request.headers.get(VERSION_HEADER)
         if version is not None and version not in SUPPORTED_VERSIONS:
             return _error(
                 400, errors.INVALID_REQUEST, f"Bad Request: unsupported {VERSION_HEADER} {version[:40]!r}"
             )
+        session = self.sessions.get(sid)
+        if session is None and self.state is not None and sid not in self._ended:
+            return await self._adopt(sid, request)
+        if session is None or session.ended:
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
+        return session
+
+    async def _adopt(self, sid: str, request: web.Request) -> McpSession | web.Response:
+        """A session this replica does not hold: continue it from the shared store, once (the
+        requests for it that arrive meanwhile wait for the same adoption)."""
+        task = self._adopting.get(sid)
+        if task is None:
+            if len(self.sessions) + self._opening >= self.config.max_sessions:
+                return _error(
+                    503,
+                    errors.INTERNAL_ERROR,
+                    "Service Unavailable: too many sessions",
+                    headers={"Retry-After": "5"},
+                )
+            task = asyncio.get_running_loop().create_task(
+                self._adopt_once(sid, request.headers.get("Authorization"))
+            )
+            self._adopting[sid] = task
+            task.add_done_callback(lambda _t: self._adopting.pop(sid, None))
+        # Shielded: a client that goes away must not leave a half-adopted session nobody can end.
+        return await asyncio.shield(task)
+
+    async def _adopt_once(self, sid: str, authorization: str | None) -> McpSession | web.Response:
+        from visor.serve.state import Adoption, client_digest
+        from visor.state.ledger import StateUnavailable
+
+        state = self.state
+        assert state is not None
+        unavailable = _error(
+            503,
+            errors.INTERNAL_ERROR,
+            "Service Unavailable: the shared session state cannot be read; retry later",
+            headers={"Retry-After": "5"},
+        )
+        try:
+            record = await asyncio.to_thread(state.ledger.load, sid)
+        except ValueError:  # not an id this gateway could have given out
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
+        except StateUnavailable as exc:
+            log.error("session_adopt_failed", mcp_session=sid, error=str(exc))
+            return unavailable
+        if record is None or record.ended:
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
+        if record.client != client_digest(authorization):
+            # Opened with another credential: to this one, the session does not exist.
+            log.warning("session_adopt_refused", mcp_session=sid, reason="another client credential")
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
+        if record.pins is None and record.calls_total > 0:
+            # Calls ran, so tools were pinned, but the pins never reached the store: a new upstream's
+            # tools would be trusted afresh. The session cannot be continued safely.
+            log.error(
+                "session_adopt_refused", mcp_session=sid, reason="the session's pins are not in the store"
+            )
+            return _error(
+                404, errors.INVALID_REQUEST, "Session not found (its pins could not be carried over)"
+            )
+        try:
+            previous = await asyncio.to_thread(state.ledger.claim, sid, state.owner)
+        except StateUnavailable as exc:
+            log.error("session_adopt_failed", mcp_session=sid, error=str(exc))
+            return unavailable
+        self._opening += 1
+        try:
+            session = await self._new_session(sid, Adoption(record, previous))
+        except Exception as exc:
+            log.error("session_adopt_failed", mcp_session=sid, error=str(exc))
+            return _error(502, errors.INTERNAL_ERROR, f"the session could not be continued here: {exc}")
+        finally:
+            self._opening -= 1
+        self.sessions[sid] = session
+        log.info("session_adopted", mcp_session=sid, previous_owner=previous, sessions=len(self.sessions))
         return session
 
     # ------------------------------------------------------------ handlers
@@ -218,6 +342,8 @@ class Gateway:
         refused = self._refuse_origin_or_auth(request)
         if refused is not None:
             return refused
+        if self.forward is not None and (forwarded := await self.forward(request)) is not None:
+            return forwarded
         if request.method == "POST":
             return await self._post(request)
         if request.method == "GET":
@@ -264,7 +390,7 @@ class Gateway:
             return _error(400, msg.code, msg.reason, rpc_id=rpc_id)
         if sid is None and msg.kind is Kind.REQUEST and msg.method == "initialize":
             return await self._initialize(request, msg)
-        found = self._session_for(request)
+        found = await self._session_for(request)
         if isinstance(found, web.Response):
             return found
         session = found
@@ -287,9 +413,13 @@ class Gateway:
                 rpc_id=msg.id,
                 headers={"Retry-After": "5"},
             )
-        sid = secrets.token_hex(16)  # 128 random bits, visible ASCII
+        sid = self.mint_sid()
         self._opening += 1
         try:
+            if self.state is not None:
+                refused = await self._record_new(sid, msg, request.headers.get("Authorization"))
+                if refused is not None:
+                    return refused
             # Shielded: a client that goes away mid-start must not leave a session nobody can end
             # (registered, it expires when idle).
             session = await asyncio.shield(asyncio.get_running_loop().create_task(self._open(sid)))
@@ -306,8 +436,35 @@ class Gateway:
             self._end_later(session)
         return response
 
+    async def _record_new(self, sid: str, msg: Message, authorization: str | None) -> web.Response | None:
+        """Put a new session in the shared store before its id is given out, so that any replica
+        can continue it; a store that cannot take it refuses the session (503), never runs it
+        unrecorded."""
+        from visor.serve.state import client_digest
+
+        state = self.state
+        assert state is not None
+        try:
+            await asyncio.to_thread(
+                state.ledger.create,
+                sid,
+                initialize=msg.raw,
+                client=client_digest(authorization),
+                owner=state.owner,
+            )
+        except Exception as exc:
+            log.error("state_session_create_failed", mcp_session=sid, error=f"{type(exc).__name__}: {exc}")
+            return _error(
+                503,
+                errors.INTERNAL_ERROR,
+                "Service Unavailable: the shared session state cannot be written; retry later",
+                rpc_id=msg.id,
+                headers={"Retry-After": "5"},
+            )
+        return None
+
     async def _open(self, sid: str) -> McpSession:
-        session = await self._new_session(sid)
+        session = await self._new_session(sid, None)
         self.sessions[sid] = session
         log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
         return session
@@ -392,7 +549,7 @@ class Gateway:
     async def _get(self, request: web.Request) -> web.StreamResponse:
         if "text/event-stream" not in _media_types(request.headers.get("Accept", "")):
             return _error(406, errors.INVALID_REQUEST, "Not Acceptable: Accept must list text/event-stream")
-        found = self._session_for(request)
+        found = await self._session_for(request)
         if isinstance(found, web.Response):
             return found
         session = found
@@ -423,7 +580,7 @@ class Gateway:
             session.close_get_stream(ex)
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
-        found = self._session_for(request)
+        found = await self._session_for(request)
         if isinstance(found, web.Response):
             return found
         await found.end(self.config.end_grace)
