@@ -1,4 +1,5 @@
-"""Real nginx and a real redis-server for the scale-out test, each in a tmp dir on a free port.
+"""Real nginx for the scale-out test, in a tmp dir on a free port, with TLS (redis-server is
+tests/state/redis_server.py's).
 
 nginx runs the shipped `docs/deploy/nginx.conf` with only addresses, ports, paths and the user
 substituted (`nginx_config`), so the documented file is the tested one; `directives` parses a
@@ -75,38 +76,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-# ------------------------------------------------------------------ redis-server
-@dataclass
-class Redis:
-    proc: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-
-@contextlib.contextmanager
-def redis_server(tmp: Path) -> Iterator[Redis]:
-    """A throwaway redis-server: loopback, no persistence, its files in `tmp`."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = tmp / "redis.log"
-    proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-         "--dir", str(tmp), "--logfile", str(log), "--protected-mode", "yes"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        _wait_listening(port, proc, "redis-server", log)
-        yield Redis(proc, port)
-    finally:
-        _stop(proc)
 
 
 # ------------------------------------------------------------------ TLS for nginx's edge
