@@ -13,7 +13,9 @@ tag: a session's keys share one slot)::
 Every write sets the TTL of all three again (``touch`` too): a session nobody
 touches expires whole. Every method is one round trip; any failure (unreachable,
 timed out, an error, a reply of the wrong shape) raises ``StateUnavailable``: the
-caller fails closed (a call that cannot be counted is not made).
+caller fails closed (a call that cannot be counted is not made). Writes are scripts
+(atomic, and a session the store does not hold is never half made again); ``load``
+is one MULTI/EXEC, a consistent snapshot.
 """
 
 from __future__ import annotations
@@ -59,6 +61,23 @@ redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
 return {1, previous}
+"""
+
+# KEYS: meta tools history; ARGV: ttl_ms, tool, history entry, history_cap.
+# {total, tool count}, or 'visor:gone' (no keys made for a session the store does not hold).
+# One script rather than MULTI/EXEC: as atomic, and half the cost on the path of every call.
+_RECORD_CALL_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'visor:gone' end
+local total = redis.call('HINCRBY', KEYS[1], 'calls', 1)
+local count = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+local cap = tonumber(ARGV[4])
+if cap > 0 then
+  redis.call('RPUSH', KEYS[3], ARGV[3])
+  redis.call('LTRIM', KEYS[3], -cap, -1)
+end
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
+return {total, count}
 """
 
 
@@ -139,6 +158,7 @@ class SessionLedger:
         self._r, self._owns = client_of(client_or_url, timeout)
         self._create = self._r.register_script(_CREATE_LUA)
         self._set_field = self._r.register_script(_SET_FIELD_LUA)
+        self._record_call = self._r.register_script(_RECORD_CALL_LUA)
 
     def keys(self, sid: str) -> tuple[str, str, str]:
         """The session's keys: meta, tools, history."""
@@ -244,28 +264,27 @@ class SessionLedger:
     def record_call(self, sid: str, server: str, tool: str, history_cap: int) -> tuple[int, int]:
         """Count an allowed call, atomically: the session's new total and this tool's count.
         Raises StateUnavailable (SessionGone for a session the store does not hold)."""
-        meta_k, tools_k, history_k = self.keys(sid)
-        build: list[tuple[str, tuple[Any, ...]]] = [
-            ("exists", (meta_k,)),
-            ("hincrby", (meta_k, "calls", 1)),
-            ("hincrby", (tools_k, tool.encode("utf-8", "surrogatepass"), 1)),
-        ]
-        if history_cap > 0:
-            entry = f"{server}\0{tool}".encode("utf-8", "surrogatepass")
-            build += [("rpush", (history_k, entry)), ("ltrim", (history_k, -history_cap, -1))]
-        build += [("pexpire", (k, self.ttl_ms)) for k in (meta_k, tools_k, history_k)]
-        replies = self._transact("record call", build)
-        if replies[0] != 1:
-            # The counters just made belong to no session: removed, so no half session stays.
-            try:
-                self._c().delete(meta_k, tools_k, history_k)
-            except Exception as exc:
-                log.warning("state_ledger_cleanup_failed", error=str(exc))
+        keys = self.keys(sid)
+        entry = f"{server}\0{tool}".encode("utf-8", "surrogatepass")
+        try:
+            reply = self._record_call(
+                keys=keys,
+                args=(self.ttl_ms, tool.encode("utf-8", "surrogatepass"), entry, max(0, history_cap)),
+                client=self._c(),
+            )
+        except StateUnavailable:
+            raise
+        except Exception as exc:
+            raise StateUnavailable(f"record call: {type(exc).__name__}: {exc}") from exc
+        if reply == b"visor:gone":
             raise SessionGone(f"session {sid[:40]!r} is not in the state store (expired or never made)")
-        total, count = replies[1], replies[2]
-        if isinstance(total, bool) or not isinstance(total, int) or not isinstance(count, int):
+        if (
+            not isinstance(reply, list)
+            or len(reply) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in reply)
+        ):
             raise StateUnavailable("record call: a malformed reply from the store")
-        return total, count
+        return int(reply[0]), int(reply[1])
 
     def save_pins(self, sid: str, data: dict[str, Any]) -> bool:
         """Keep the session's pins (``SessionState.export_pins()``). False: no such session."""

@@ -23,8 +23,8 @@ group is idle. Failing closed, as the SQLite store:
   flushed, a restart without persistence), what the group held is gone too,
   and the answer is None (and the group is marked lost), never "not seen".
 
-Every read and every write is one round trip (a MULTI/EXEC pipeline, or one
-script for ``record``). Not thread-safe, as ``GroupStore``.
+Every read and every write is one round trip: a pipeline (reads), a MULTI/EXEC
+(writes), or one script (``record``). Not thread-safe, as ``GroupStore``.
 """
 
 from __future__ import annotations
@@ -275,10 +275,15 @@ class RedisGroupStore:
         return err
 
     def _read(self, build: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any] | None:
-        """Run ``build`` (command name, arguments) and then GET secret in one MULTI/EXEC;
-        the replies of ``build``, or None when the store cannot answer or forgot the group."""
+        """Run ``build`` (command name, arguments) and then GET secret in one pipeline;
+        the replies of ``build``, or None when the store cannot answer or forgot the group.
+
+        No MULTI/EXEC (it cost a third of a lookup): Redis runs one connection's commands
+        in order, and the secret is read last, so data read before a flush or expiry
+        is never trusted (the secret is then gone or new); a lost or saturated mark set
+        in between only makes the answer None."""
         try:
-            pipe = self._c().pipeline(transaction=True)
+            pipe = self._c().pipeline(transaction=False)
             for name, args in build:
                 getattr(pipe, name)(*args)
             pipe.get(self.k_secret)
