@@ -181,3 +181,27 @@ def test_a_client_given_in_text_mode_is_refused(redis_server: str) -> None:
             assert "redis://" in str(exc)
         else:
             raise AssertionError(f"{bad} was taken")
+
+
+def test_a_gateways_shared_client_is_used_and_left_open(redis_server: str) -> None:
+    from visor.state.connection import connect
+
+    client = connect(redis_server)
+    first = RedisGroupStore(client, "shared", "mail", ttl_seconds=600)
+    first.record({OUTPUT: ["host:a.example"]})
+    first.close()
+    # a session continued elsewhere joins only a group that still exists
+    second = RedisGroupStore(client, "shared", "chat", ttl_seconds=600, create=False)
+    assert second.seen("host:a.example") is True
+    second.close()
+    assert client.ping() is True  # closing a store does not close the gateway's client
+    from visor.state.redis_store import StoreForgotten
+
+    try:
+        RedisGroupStore(client, "never-made", "chat", create=False)
+    except StoreForgotten as exc:
+        assert "never-made" in str(exc)
+    else:
+        raise AssertionError("a group with no record was joined")
+    assert client.exists("visor:g:{never-made}:secret") == 0
+    client.close()
