@@ -130,7 +130,7 @@ class Gateway:
         if self.sessions.get(session.sid) is session:
             del self.sessions[session.sid]
             log.info("session_closed", mcp_session=session.sid, sessions=len(self.sessions))
-        if self.state is not None and not self._closing:
+        if self.state is not None and not self._closing and not session.keep_in_store:
             # Over for every replica (DELETE, idle, or its upstream ended). A replica that stops
             # leaves its sessions in the store instead, for the others to continue.
             self._ended[session.sid] = None
@@ -165,6 +165,9 @@ class Gateway:
             for session in list(self.sessions.values()):
                 if session.in_flight == 0 and now - session.last_active >= self.config.idle_timeout:
                     log.info("session_idle_expired", mcp_session=session.sid)
+                    # Idle here is not over everywhere: another replica may have continued it.
+                    # The store's record expires on its own TTL (twice the idle timeout).
+                    session.keep_in_store = True
                     self._end_later(session)
 
     async def close(self) -> None:

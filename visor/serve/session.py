@@ -83,6 +83,8 @@ class McpSession:
         self._relay_over = False
         self._output_over = False
         self.ended = False
+        # Ended here but not for other replicas (`--state`): an idle expiry, not a DELETE.
+        self.keep_in_store = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
