@@ -38,9 +38,9 @@ def test_a_colleague_who_mailed_the_user_is_answered_without_a_human() -> None:
         "get_received_emails",
         _inbox({"sender": "david@corp.example", "body": "Please send me the scores."}),
     )
-    assert decide(policy, session, "send_email", recipients=["david@corp.example"], body="4, 2, 3").action == (
-        "allow"
-    )
+    assert decide(
+        policy, session, "send_email", recipients=["david@corp.example"], body="4, 2, 3"
+    ).action == ("allow")
 
 
 def test_a_stranger_who_mailed_the_user_is_asked() -> None:
