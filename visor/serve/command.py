@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from visor.serve.session import McpSession
     from visor.serve.state import Adoption, SharedState
     from visor.serve.workers import Worker
+    from visor.telemetry import Telemetry
 
 DEFAULT_LISTEN = "127.0.0.1:8808"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -229,6 +230,19 @@ def _open_shared(
     raise AssertionError("the audit candidates never end")
 
 
+def _telemetry(args: argparse.Namespace, shared: _Shared, metrics: GatewayMetrics) -> Telemetry:
+    """`/metrics` always; OpenTelemetry too when the standard OTEL_EXPORTER_OTLP_* variables ask
+    for it (docs/telemetry.md): one span per final verdict of every session, as `visor run`."""
+    from visor import telemetry
+
+    otel = telemetry.start(server=args.server_name, session=shared.audit.session)
+    if isinstance(otel, telemetry.NoTelemetry):
+        return metrics
+    from visor.telemetry.fanout import FanOut
+
+    return FanOut(metrics, otel)
+
+
 def _open_state(args: argparse.Namespace) -> SharedState | None:
     """The shared store of `--state`, reached once at start: a store that does not answer now is a
     configuration to fix, not a reason to start and refuse every session."""
@@ -254,7 +268,7 @@ def _session_factory(
     shared: _Shared,
     gateway_ref: list[Any],
     reloads: list[PolicyReloaded],
-    metrics: GatewayMetrics,
+    reports: Telemetry,
     shared_state: SharedState | None = None,
 ) -> Any:
     """One MCP session: the pieces `visor run` builds per process, built per session.
@@ -356,7 +370,7 @@ def _session_factory(
         )
         kwargs: dict[str, Any] = {
             "audit": audit, "approvals": approvals, "pin_saver": pin_saver, "approvals_saver": approvals_saver,
-            "telemetry": DriverTelemetry(metrics),  # each session's verdicts, for /metrics
+            "telemetry": DriverTelemetry(reports),  # each session's verdicts: /metrics, and OTLP if asked
         }  # fmt: skip
         if shared.http is not None:
             relay: Any = HttpSessionRelay(shared.http, shared.command, config, checks, **kwargs)
@@ -538,8 +552,9 @@ async def _serve(
     reloads: list[PolicyReloaded] = []
     try:
         metrics = GatewayMetrics()
-        shared.audit.observe_fsync(metrics.fsynced)
-        factory = _session_factory(args, shared, gateway_ref, reloads, metrics, shared_state)
+        reports = _telemetry(args, shared, metrics)
+        shared.audit.observe_fsync(reports.fsynced)
+        factory = _session_factory(args, shared, gateway_ref, reloads, reports, shared_state)
     except BaseException:
         # A refused option must not leave the audit writer's thread running.
         await shared.audit.close()

@@ -76,16 +76,19 @@ class SharedState:
     """The store connection of one gateway process, and what it makes for each session."""
 
     def __init__(self, url: str, *, ttl_seconds: float = DEFAULT_TTL_SECONDS, prefix: str = "visor") -> None:
-        import redis
-
+        from visor.state.connection import StateConfigError, connect
         from visor.state.ledger import SessionLedger
 
         self.url = check_url(url)
         self.prefix = prefix
         self.ttl_seconds = ttl_seconds
         self.owner = replica_name()
-        # Short timeouts: a store that does not answer fails a request in about a second, never hangs it.
-        self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        # Short timeouts and no retries: a store that does not answer fails a request in about a
+        # second, never hangs it for a client library's backoff.
+        try:
+            self.client = connect(url)
+        except StateConfigError as exc:
+            raise StateOptionError(f"--state: {exc}") from exc
         self.ledger: SessionLedger = SessionLedger(self.client, prefix=prefix, ttl_seconds=ttl_seconds)
 
     def ping(self) -> None:
@@ -105,8 +108,10 @@ class SharedState:
         port = f":{parts.port}" if parts.port else ""
         return f"{parts.scheme}://{host}{port}{parts.path}"
 
-    def group(self, sid: str, server: str, max_keys: int) -> GroupIndex:
-        """The session's group store: its untrusted output, taints and approvals, on the store."""
+    def group(self, sid: str, server: str, max_keys: int, *, adopted: bool = False) -> GroupIndex:
+        """The session's group store: its untrusted output, taints and approvals, on the store.
+        A session continued from another replica must find its group there (`adopted`): a group
+        that expired or was flushed while the session's record lived on is lost, not empty."""
         from visor.groups.identity import GroupIdentity
         from visor.groups.index import GroupIndex
         from visor.groups.store import GroupStoreError
@@ -121,6 +126,7 @@ class SharedState:
                 prefix=self.prefix,
                 max_keys=max_keys,
                 ttl_seconds=self.ttl_seconds,
+                create=not adopted,
             )
         except (GroupStoreError, OSError) as exc:
             # As a group that cannot be joined: every destination unseen-and-asked, every taint raised.
