@@ -1,0 +1,363 @@
+"""`visor serve --workers 2`: two processes on one port, every session kept with the worker that
+opened it (requests that land on the other worker are forwarded), one audit chain per worker, and
+a supervisor that restarts a killed worker, passes SIGHUP on and leaves no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp.types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.serve.serve_proc import ACCEPT_BOTH, READY, ROOT, Reply, Serve, alive, initialize, post, serve
+
+# Every tool says which process answered and which process started it: a session's upstream is a
+# child of the worker that owns the session.
+PID_SERVER = """\
+import os
+
+from mcp.server.mcpserver import Context, MCPServer
+
+app = MCPServer("pid-server")
+
+
+@app.tool()
+def whoami() -> str:
+    return f"{os.getpid()} {os.getppid()}"
+
+
+@app.tool()
+async def count(n: int, ctx: Context) -> str:
+    for i in range(n):
+        await ctx.report_progress(i + 1, n)
+    return f"{os.getpid()} counted {n}"
+
+
+app.run()
+"""
+
+POLICY = """\
+version: "1.0"
+default_action: deny
+servers:
+  - name: "sdk"
+    allowed: true
+    tools:
+      - name: "whoami"
+        allowed: true
+      - name: "count"
+        allowed: true
+"""
+
+
+def _upstream(tmp_path: Path) -> list[str]:
+    script = tmp_path / "pid_server.py"
+    script.write_text(PID_SERVER)
+    pids = tmp_path / "pids"
+    return ["sh", "-c", f'echo $$ >> "{pids}"; exec "{sys.executable}" "{script}"']
+
+
+@contextlib.contextmanager
+def _workers(tmp_path: Path, *options: str) -> Iterator[Serve]:
+    with serve(
+        tmp_path, _upstream(tmp_path), "--workers", "2", "--server-name", "sdk", "--log-format", "json",
+        *options, policy=POLICY,
+    ) as gw:  # fmt: skip
+        yield gw
+
+
+def _events(gw: Serve, name: str) -> list[dict[str, Any]]:
+    out = []
+    for line in list(gw.lines):
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == name:
+                out.append(event)
+    return out
+
+
+def _worker_pids(gw: Serve) -> dict[int, int]:
+    """The pid of each worker's latest life, from the supervisor's log."""
+    return {e["worker"]: e["pid"] for e in _events(gw, "worker_ready")}
+
+
+def _log(gw: Serve, index: int) -> Path:
+    return gw.audit.with_name(f"serve.worker-{index}.jsonl")
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def _verify(path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "visor.cli", "audit", "verify", str(path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
+    """Poll until `check()` is truthy; the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.1)
+
+
+def _owner(sid: str) -> int:
+    hexpart, dash, index = sid.rpartition("-")
+    assert dash and len(hexpart) == 32 and int(hexpart, 16) >= 0, sid
+    return int(index)
+
+
+def _sessions_on_both(url: str) -> dict[int, str]:
+    """A session of each worker, opened through the shared port (a new connection each time, so
+    the kernel hands them to both workers)."""
+    found: dict[int, str] = {}
+    for _ in range(60):
+        sid = initialize(url)
+        found.setdefault(_owner(sid), sid)
+        if len(found) == 2:
+            return found
+    raise AssertionError(f"60 connections all went to worker(s) {sorted(found)}")
+
+
+def _call(name: str, arguments: dict[str, Any], rpc_id: int = 1) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+
+
+def _text(reply: Reply) -> str:
+    body = reply.json()
+    assert "result" in body and not body["result"].get("isError"), body
+    text: str = body["result"]["content"][0]["text"]
+    return text
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    """HTTP to one worker's private socket (the Host header still names the public port)."""
+
+    def __init__(self, path: Path, host: str) -> None:
+        super().__init__(host, timeout=30)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(str(self._path))
+        self.sock = sock
+
+
+def _via(path: Path, gw: Serve, method: str, headers: dict[str, str], body: bytes | None = None) -> Reply:
+    conn = _UnixHTTP(path, gw.base.removeprefix("http://"))
+    try:
+        conn.request(method, "/mcp", body=body, headers=headers)
+        resp = conn.getresponse()
+        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def _post_via(path: Path, gw: Serve, message: Any, sid: str) -> Reply:
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT_BOTH, "Mcp-Session-Id": sid}
+    return _via(path, gw, "POST", headers, json.dumps(message).encode())
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sessions_stay_with_their_owner_through_the_shared_port(tmp_path: Path) -> None:
+    with _workers(tmp_path, "--log-level", "debug") as gw:
+        workers = _worker_pids(gw)
+        assert sorted(workers) == [0, 1]
+
+        async def one_client() -> tuple[str, list[str]]:
+            sids: list[str] = []
+
+            async def seen(response: httpx2.Response) -> None:
+                if sid := response.headers.get("mcp-session-id"):
+                    sids.append(sid)
+
+            # No connection reuse: every POST (and the GET stream) is a new connection, which the
+            # kernel hands to either worker.
+            client = httpx2.AsyncClient(
+                timeout=httpx2.Timeout(30, read=300),  # the SDK's own defaults
+                limits=httpx2.Limits(max_keepalive_connections=0),
+                event_hooks={"response": [seen]},
+            )
+            async with (
+                client,
+                streamable_http_client(gw.url, http_client=client) as (r, w),
+                ClientSession(r, w) as s,
+            ):
+                await s.initialize()
+                await s.list_tools()
+                answers = []
+                for _ in range(4):
+                    result = await s.call_tool("whoami", {})
+                    block = result.content[0]
+                    assert isinstance(block, types.TextContent) and not result.is_error
+                    answers.append(block.text)
+            assert len(set(sids)) == 1, sids
+            return sids[0], answers
+
+        async def main() -> list[tuple[str, list[str]]]:
+            results: list[tuple[str, list[str]]] = []
+            # Until both workers own sessions (the kernel picks the worker for each connection).
+            for _ in range(8):
+                results += await asyncio.gather(*(one_client() for _ in range(4)))
+                if len({_owner(sid) for sid, _ in results}) == 2:
+                    break
+            return results
+
+        results = asyncio.run(asyncio.wait_for(main(), 240))
+        assert {_owner(sid) for sid, _ in results} == {0, 1}
+        for sid, answers in results:
+            # Every call of a session answered by one upstream process, a child of its owner.
+            assert len(set(answers)) == 1, (sid, answers)
+            _pid, parent = map(int, answers[0].split())
+            assert parent == workers[_owner(sid)], (sid, answers, workers)
+        # Requests did land on the worker that does not own their session, and were forwarded.
+        forwarded = _events(gw, "request_forwarded")
+        assert forwarded and all(e["status"] in (200, 202) for e in forwarded), forwarded[:5]
+
+        # Each session's records are in its owner's log, and only there.
+        logs = {i: _records(_log(gw, i)) for i in (0, 1)}
+        for sid, _ in results:
+            owner = _owner(sid)
+            allows = [r for r in logs[owner] if r.get("mcp_session") == sid and r["event"] == "allow"]
+            assert [r["tool"] for r in allows] == ["whoami"] * 4
+            assert not any(r.get("mcp_session") == sid for r in logs[1 - owner])
+
+        # SIGHUP to the supervisor reaches both workers: a policy that does not load is refused by
+        # each, on its own record.
+        (tmp_path / "policy.yaml").write_text("version: [\n")
+        gw.proc.send_signal(signal.SIGHUP)
+        for i in (0, 1):
+            _wait_for(
+                f"worker {i} records the reload",
+                lambda i=i: [
+                    r for r in _records(_log(gw, i)) if r["event"] == "policy_reload" and not r["ok"]
+                ],
+            )
+        assert gw.proc.poll() is None and _worker_pids(gw) == workers
+    for i in (0, 1):
+        _verify(_log(gw, i))
+    assert not gw.audit.exists()  # no process writes the unsuffixed log
+
+
+def test_a_request_for_another_workers_session_is_forwarded(tmp_path: Path) -> None:
+    with _workers(tmp_path) as gw:
+        rundir = Path(_events(gw, "serve_workers")[0]["rundir"])
+        assert rundir.stat().st_mode & 0o777 == 0o700
+        sock = {i: rundir / f"worker-{i}.sock" for i in (0, 1)}
+        sid = _sessions_on_both(gw.url)[1]
+        # Worker 1's session, asked of worker 0 on its own socket: worker 0 forwards it.
+        direct = _post_via(sock[1], gw, _call("whoami", {}), sid)
+        forwarded = _post_via(sock[0], gw, _call("whoami", {}), sid)
+        assert direct.status == forwarded.status == 200
+        assert forwarded.body == direct.body
+        assert forwarded.headers["content-type"] == direct.headers["content-type"] == "application/json"
+        assert _text(forwarded).split()[1] == str(_worker_pids(gw)[1])
+        # An answer streamed as server-sent events comes back as the owner streamed it.
+        progress = _call("count", {"n": 3}, rpc_id=2)
+        progress["params"]["_meta"] = {"progressToken": "p"}
+        streamed = _post_via(sock[0], gw, progress, sid)
+        assert streamed.status == 200 and streamed.headers["content-type"] == "text/event-stream"
+        events = [
+            json.loads(line[6:]) for line in streamed.body.decode().splitlines() if line.startswith("data: ")
+        ]
+        assert [e["params"]["progress"] for e in events[:-1]] == [1, 2, 3]
+        assert events[-1]["id"] == 2 and events[-1]["result"]["content"][0]["text"].endswith("counted 3")
+        # The request is refused where it arrives before it is forwarded (the Origin rule, 403).
+        refused = _via(sock[0], gw, "DELETE", {"Mcp-Session-Id": sid, "Origin": "http://evil.example"})
+        assert refused.status == 403
+        # DELETE through worker 0 ends worker 1's session.
+        assert _via(sock[0], gw, "DELETE", {"Mcp-Session-Id": sid}).status == 200
+        assert _post_via(sock[1], gw, _call("whoami", {}, rpc_id=3), sid).status == 404
+
+        # SIGTERM to the supervisor: every worker and every upstream ends, the run directory goes.
+        assert post(gw.url, _call("whoami", {}), _sessions_on_both(gw.url)[0]).status == 200
+        workers = _worker_pids(gw)
+        upstreams = [int(p) for p in (tmp_path / "pids").read_text().split()]
+        assert len(upstreams) >= 2 and all(alive(p) for p in workers.values())
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(60) == 0
+    for pid in [*workers.values(), *upstreams]:
+        assert not alive(pid), pid
+    assert not rundir.exists()
+    assert READY in gw.stderr() and gw.stderr().count(READY) == 1
+
+
+def test_a_killed_worker_is_restarted_and_the_other_keeps_its_sessions(tmp_path: Path) -> None:
+    with _workers(tmp_path) as gw:
+        before = _worker_pids(gw)
+        sids = _sessions_on_both(gw.url)
+        kept = _text(post(gw.url, _call("whoami", {}), sids[0]))
+        lost_upstream = int(_text(post(gw.url, _call("whoami", {}), sids[1])).split()[0])
+        os.kill(before[1], signal.SIGKILL)
+        after = _wait_for("worker 1 restarted", lambda: _worker_pids(gw)[1] != before[1] and _worker_pids(gw))
+        assert after[0] == before[0]
+        exited = _events(gw, "worker_exited")
+        assert [(e["worker"], e["status"]) for e in exited] == [(1, -signal.SIGKILL)]
+        # The dead worker's session is gone (no --state): 404, whichever worker the request reaches.
+        assert post(gw.url, _call("whoami", {}), sids[1]).status == 404
+        rundir = Path(_events(gw, "serve_workers")[0]["rundir"])
+        assert _post_via(rundir / "worker-0.sock", gw, _call("whoami", {}), sids[1]).status == 404
+        # Its upstream saw its stdin close and ended.
+        _wait_for("the dead worker's upstream ends", lambda: not alive(lost_upstream))
+        # The other worker's session is untouched: the same upstream answers.
+        assert _text(post(gw.url, _call("whoami", {}, rpc_id=2), sids[0])) == kept
+        # New sessions work on both, the new worker 1 among them.
+        fresh = _sessions_on_both(gw.url)
+        answer = _text(post(gw.url, _call("whoami", {}), fresh[1]))
+        assert int(answer.split()[1]) == after[1]
+        assert gw.proc.poll() is None
+    for i in (0, 1):
+        _verify(_log(gw, i))
+
+
+def test_refused_at_start(tmp_path: Path) -> None:
+    def start(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "visor.cli", "serve", "--listen", "127.0.0.1:0", *options,
+             "--audit-log", str(tmp_path / "a.jsonl"), "--", *_upstream(tmp_path)],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+            env={**os.environ, "VISOR_HOME": str(tmp_path / "home")},
+        )  # fmt: skip
+
+    too_many = start("--workers", "65")
+    assert too_many.returncode == 2 and "--workers 65: at most 64" in too_many.stderr
+    none = start("--workers", "0")
+    assert none.returncode == 2 and "must be a positive integer" in none.stderr
+    # A worker that cannot start (here: the policy does not load) stops the gateway: it does not
+    # keep starting workers that fail the same way, and never says it is listening.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: [\n")
+    failed = start("--workers", "2", "--policy", str(bad))
+    assert failed.returncode == 1, failed.stderr
+    assert "policy refused" in failed.stderr and "before it was ready; stopping" in failed.stderr
+    assert READY not in failed.stderr
