@@ -1,9 +1,10 @@
 """`make bench` rows for HTTP: a Streamable HTTP echo server direct, and through `visor serve --url`.
 
 One session sequential (p50/p99 per call) and pipelined (a window of POSTs in flight), and 100
-concurrent sessions (aggregate calls/s), each direct and through the gateway; and, in the same run,
-the stdio pipelined figure of `visor run` in front of the stdio echo server, which the 100-session
-target is measured against. The client is raw aiohttp (no SDK), the same for every row.
+concurrent sessions (aggregate calls/s), each direct and through the gateway; the 100 sessions
+again through `visor serve --workers 2` (the gateway rows are `--workers 1`); and, in the same
+run, the stdio pipelined figure of `visor run` in front of the stdio echo server, which the
+100-session target is measured against. The client is raw aiohttp (no SDK), the same for every row.
 
 Run: ``python -m visor.bench.http_rows [--quick] [--output FILE]``.
 """
@@ -134,12 +135,12 @@ def echo_server() -> Iterator[str]:
 
 
 @contextmanager
-def gateway(upstream: str, tmp: Path) -> Iterator[str]:
+def gateway(upstream: str, tmp: Path, workers: int = 1) -> Iterator[str]:
     policy = tmp / "http-bench-policy.yaml"
     policy.write_text(POLICY)
     args = [PY, "-m", "visor.cli", "serve", "--listen", "127.0.0.1:0", "--server-name", "bench"]
-    args += ["--policy", str(policy), "--audit-log", str(tmp / "http-bench-audit.jsonl")]
-    args += ["--max-sessions", "256", "--log-level", "warning", "--url", upstream]
+    args += ["--policy", str(policy), "--audit-log", str(tmp / f"http-bench-audit-{workers}.jsonl")]
+    args += ["--max-sessions", "256", "--log-level", "warning", "--workers", str(workers), "--url", upstream]
     env = {**os.environ, "VISOR_HOME": str(tmp / "home")}
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -247,20 +248,30 @@ async def measure(name: str, url: str, work: Work) -> HttpRow:
         await asyncio.gather(*(windowed() for _ in range(work.pipelined)))
         pipelined = work.pipelined / (time.perf_counter() - t)
         await one.close()
-
-        sessions = [McpHttp(http, url) for _ in range(work.sessions)]
-        await asyncio.gather(*(s.start() for s in sessions))
-
-        async def sequential(s: McpHttp) -> None:
-            for _ in range(work.calls_per_session):
-                await s.call()
-
-        t = time.perf_counter()
-        await asyncio.gather(*(sequential(s) for s in sessions))
-        aggregate = work.sessions * work.calls_per_session / (time.perf_counter() - t)
-        await asyncio.gather(*(s.close() for s in sessions))
+        aggregate = await _sessions(http, url, work)
     q = statistics.quantiles(lat, n=100)
     return HttpRow(name, q[49] * 1e6, q[98] * 1e6, pipelined, aggregate)
+
+
+async def _sessions(http: ClientSession, url: str, work: Work) -> float:
+    """`work.sessions` sessions at once, each making its calls one after another: calls/s in all."""
+    sessions = [McpHttp(http, url) for _ in range(work.sessions)]
+    await asyncio.gather(*(s.start() for s in sessions))
+
+    async def sequential(s: McpHttp) -> None:
+        for _ in range(work.calls_per_session):
+            await s.call()
+
+    t = time.perf_counter()
+    await asyncio.gather(*(sequential(s) for s in sessions))
+    aggregate = work.sessions * work.calls_per_session / (time.perf_counter() - t)
+    await asyncio.gather(*(s.close() for s in sessions))
+    return aggregate
+
+
+async def measure_sessions(url: str, work: Work) -> float:
+    async with ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=120)) as http:
+        return await _sessions(http, url, work)
 
 
 async def stdio_pipelined(tmp: Path, work: Work) -> float:
@@ -285,6 +296,8 @@ def run(work: Work) -> dict[str, Any]:
             direct = asyncio.run(measure("direct HTTP", upstream, work))
             with gateway(upstream, tmp) as url:
                 through = asyncio.run(measure("through visor serve --url", url, work))
+            with gateway(upstream, tmp, workers=2) as url:
+                workers_2 = asyncio.run(measure_sessions(url, work))
         stdio = asyncio.run(stdio_pipelined(tmp, work))
     added = through.seq_p50_us - direct.seq_p50_us
     return {
@@ -292,6 +305,8 @@ def run(work: Work) -> dict[str, Any]:
         "fsync_us": fsync_us,
         "rows": [asdict(direct), asdict(through)],
         "stdio_pipelined_calls_s": stdio,
+        # The 100-session figure through the gateway by worker count (1: the row above).
+        "sessions_calls_s_by_workers": {"1": through.sessions_calls_s, "2": workers_2},
         "targets": {
             "added_p50_us": added,
             "added_p50_limit_us": fsync_us + 300,
@@ -314,6 +329,11 @@ def render(data: dict[str, Any]) -> str:
             f"{r['name']:<28} {r['seq_p50_us']:>8.0f} {r['seq_p99_us']:>8.0f} "
             f"{r['pipelined_calls_s']:>12.0f} {r['sessions_calls_s']:>10.0f}"
         )
+    by_workers = data["sessions_calls_s_by_workers"]
+    lines.append(
+        f"{w['sessions']} sessions through visor serve --url: --workers 1 {by_workers['1']:.0f} calls/s, "
+        f"--workers 2 {by_workers['2']:.0f} calls/s"
+    )
     t = data["targets"]
     lines.append(f"stdio visor run pipelined, same run: {data['stdio_pipelined_calls_s']:.0f} calls/s")
     lines.append(
