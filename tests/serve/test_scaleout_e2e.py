@@ -280,6 +280,17 @@ def test_sessions_keep_one_upstream_process_and_the_edge_keeps_its_checks(tmp_pa
         # Origin reaches the replicas unchanged, so their Origin check still refuses a foreign page,
         status, _, body = _raw(c, "POST", init, {**_POST_HEADERS, "Origin": "https://evil.example"})
         assert status == 403 and json.loads(body)["error"]["message"].startswith("Forbidden: this Origin")
+        # so does MCP-Protocol-Version (a replica refuses one it does not serve),
+        ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+        status, _, body = _raw(
+            c,
+            "POST",
+            ping,
+            {**_POST_HEADERS, "Mcp-Session-Id": "0" * 32, "MCP-Protocol-Version": "1999-01-01"},
+        )
+        assert status == 400 and "unsupported MCP-Protocol-Version" in json.loads(body)["error"]["message"], (
+            body
+        )
         # Authorization reaches them too, and they (not nginx) hold the token,
         status, headers, body = _raw(c, "POST", init, {**_POST_HEADERS, "Authorization": "Bearer wrong"})
         assert status == 401 and headers["www-authenticate"].startswith("Bearer")
