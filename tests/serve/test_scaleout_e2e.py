@@ -302,6 +302,13 @@ def test_sessions_keep_one_upstream_process_and_the_edge_keeps_its_checks(tmp_pa
         )
         status, _, body = _raw(c, "POST", big, _POST_HEADERS)
         assert status == 413 and json.loads(body)["error"]["code"] == -32600
+        # With no replica left, nginx's 502 is a JSON-RPC error that does not claim nothing ran.
+        for replica in c.replicas:
+            replica.proc.send_signal(signal.SIGKILL)
+            replica.proc.wait()
+        status, _, body = _raw(c, "POST", init, _POST_HEADERS)
+        assert status == 502, body
+        assert "may or may not have been carried out" in json.loads(body)["error"]["message"], body
 
 
 @needs_services
