@@ -6,9 +6,9 @@ fatal) and optionally the policy.  The pack never prints argument values, nor
 than names the policy or the server defined: server, tool, rule, taint, event.
 
 The policy is read through `visor.policy.loader.load_policy(path) -> Policy`
-(schema in visor/policy/schema.py), imported lazily; attributes are read with
-defaults so that a loader still in progress degrades to a section saying the
-policy could not be analysed instead of breaking the report.
+(schema in visor/policy/schema.py), imported lazily: a loader that cannot be
+imported, or a policy it refuses, degrades to a section saying the policy
+could not be analysed instead of breaking the report.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from visor.display import escape
 
 if TYPE_CHECKING:
     from visor.audit.signing import PublicKey
+    from visor.policy.schema import Policy, ServerPolicy, ToolPolicy
 
 _WRITE_NAME = re.compile(
     r"(write|create|delete|remove|move|rename|edit|update|put|upload|patch|mkdir|rm)", re.I
@@ -87,85 +88,75 @@ class PolicyView:
         return next((t for t in self.tools if t.server == srv and t.name == "*"), None)
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    return getattr(obj, name, default)
-
-
-def _pack_tools(policy: Any, server: Any) -> dict[str, tuple[str, Any]]:
+def _pack_tools(policy: Policy, server: ServerPolicy) -> dict[str, tuple[str, ToolPolicy]]:
     """Pack entries that apply to `server`: explicit `packs:`, else selected by server name."""
-    packs = _get(policy, "packs", {}) or {}
-    allowed_packs = _get(_get(policy, "settings"), "packs")
-    chosen = _get(server, "packs")
-    out: dict[str, tuple[str, Any]] = {}
-    for pname, pack in packs.items():
+    allowed_packs = policy.settings.packs
+    chosen = server.packs
+    out: dict[str, tuple[str, ToolPolicy]] = {}
+    for pname, pack in policy.packs.items():
         if allowed_packs is not None and pname not in allowed_packs:
             continue
-        selected = (
-            pname in chosen if chosen is not None else str(server.name).lower() in _get(pack, "servers", ())
-        )
+        selected = pname in chosen if chosen is not None else server.name.lower() in pack.servers
         if selected:
-            for tname, tool in (_get(pack, "tools", {}) or {}).items():
+            for tname, tool in pack.tools.items():
                 out.setdefault(tname, (f"pack:{pname}", tool))
     return out
 
 
-def _mentions(policy: Any, server: str, tool: str) -> list[str]:
+def _mentions(policy: Policy, server: str, tool: str) -> list[str]:
     """Session-level controls that name this tool (chains, taints, egress, time)."""
     found: list[str] = []
-    for chain in _get(policy, "tool_chains", ()) or ():
+    for chain in policy.tool_chains:
         for role, matches in (("source", chain.sources), ("sink", chain.sinks)):
             if any(m.matches(server, tool) for m in matches):
                 found.append(f"chain {chain.name} ({role}, {chain.action})")
-    for taint in _get(policy, "taints", ()) or ():
+    for taint in policy.taints:
         if tool in taint.source_tools:
             found.append(f"sets taint {taint.name}")
-    for eg in _get(policy, "egress_controls", ()) or ():
+    for eg in policy.egress_controls:
         if tool in eg.sink_tools:
             found.append(f"egress {eg.name} when {eg.when_tainted} ({eg.action})")
-    for tr in _get(policy, "time_restrictions", ()) or ():
-        if tool in _get(tr, "tool_names", ()) or any(r.fullmatch(tool) for r in _get(tr, "tools", ())):
+    for tr in policy.time_restrictions:
+        if tool in tr.tool_names or any(r.fullmatch(tool) for r in tr.tools):
             found.append(f"time window {tr.name}")
     return found
 
 
-def _tool_view(policy: Any, server: Any, tool: Any, source: str) -> ToolView:
+def _tool_view(policy: Policy, server: ServerPolicy, tool: ToolPolicy, source: str) -> ToolView:
     controls: list[str] = []
-    allowed = _get(tool, "allowed")
     # max_calls 0 forbids the tool outright, whatever `allowed` says.
-    allowed = bool(server.allowed) and (allowed is not False) and _get(tool, "max_calls") != 0
-    if _get(tool, "approval_required"):
+    allowed = server.allowed and tool.allowed is not False and tool.max_calls != 0
+    if tool.approval_required:
         controls.append("approval required")
-    if _get(tool, "risk"):
+    if tool.risk:
         controls.append(f"risk {tool.risk}")
-    rules = Counter(r.type for r in _get(tool, "rules", ()) or ())
+    rules = Counter(r.type for r in tool.rules)
     controls += [f"{t} ×{n}" if n > 1 else t for t, n in sorted(rules.items())]
-    if _get(tool, "max_calls") is not None:
+    if tool.max_calls is not None:
         controls.append("forbidden (max_calls 0)" if tool.max_calls == 0 else f"max_calls {tool.max_calls}")
-    sinks = tuple(_get(tool, "sink_params", ()) or ())
-    sends = bool(_get(tool, "exfiltrating")) or bool(sinks)
-    trusted = len(_get(tool, "trusted_destinations", ()) or ()) + len(
-        _get(server, "allowed_destinations", ()) or ()
-    )
+    sinks = tool.sink_params
+    sends = bool(tool.exfiltrating) or bool(sinks)
+    trusted = len(tool.trusted_destinations) + len(server.allowed_destinations)
     trusted += rules.get("allow_recipient_domain", 0)
     if sends:
         controls.append(f"sends via {', '.join(sinks) or 'any argument'}; trusted destinations: {trusted}")
-    write_params = tuple(_get(tool, "write_params", ()) or ())
-    prefixes = tuple(_get(tool, "allowed_path_prefixes", ()) or ())
+    write_params = tool.write_params
+    prefixes = tool.allowed_path_prefixes
     confined = bool(prefixes) or "allow_path" in rules
     writes = bool(write_params) or bool(_WRITE_NAME.search(tool.name))
     if write_params:
         controls.append(f"writes via {', '.join(write_params)}; confined to {len(prefixes)} prefix(es)")
     elif prefixes:
         controls.append(f"paths confined to {len(prefixes)} prefix(es)")
-    if _get(tool, "arg_patterns"):
+    if tool.arg_patterns:
         controls.append(f"argument patterns ×{len(tool.arg_patterns)}")
     controls += _mentions(policy, server.name, tool.name)
-    constrained = bool(controls) and controls != [f"risk {_get(tool, 'risk')}"]
+    constrained = bool(controls) and controls != [f"risk {tool.risk}"]
     return ToolView(
         server=server.name,
         name=tool.name,
         allowed=allowed,
-        source=source if source != "policy" else str(_get(tool, "origin", "policy") or "policy"),
+        source=source if source != "policy" else (tool.origin or "policy"),
         controls=tuple(controls),
         sends=sends,
         trusted=trusted,
@@ -175,14 +166,12 @@ def _tool_view(policy: Any, server: Any, tool: Any, source: str) -> ToolView:
     )
 
 
-def analyse_policy(policy: Any) -> PolicyView:
+def analyse_policy(policy: Policy) -> PolicyView:
     tools: list[ToolView] = []
     servers: list[tuple[str, bool, str]] = []
     for server in policy.servers:
-        packs = _get(server, "packs")
-        servers.append(
-            (server.name, bool(server.allowed), "auto" if packs is None else ", ".join(packs) or "none")
-        )
+        packs = server.packs
+        servers.append((server.name, server.allowed, "auto" if packs is None else ", ".join(packs) or "none"))
         own = dict(server.tools)
         for tool in own.values():
             tools.append(_tool_view(policy, server, tool, "policy"))
@@ -190,38 +179,37 @@ def analyse_policy(policy: Any) -> PolicyView:
         # from the policy: the server's "*" entry if any, else the default action.
         wildcard = own.get("*")
         if wildcard is not None:
-            registered = _get(wildcard, "allowed") is not False
+            registered = wildcard.allowed is not False
         else:
-            registered = _get(policy, "default_action", "deny") == "allow"
+            registered = policy.default_action == "allow"
         for tname, (origin, tool) in sorted(_pack_tools(policy, server).items()):
             if tname not in own:
                 view = _tool_view(policy, server, tool, origin)
                 label = f"{origin} via *" if wildcard is not None else f"{origin}, not listed"
                 tools.append(dataclasses.replace(view, allowed=view.allowed and registered, source=label))
-    settings = _get(policy, "settings")
-    glob: list[str] = [f"default action: {_get(policy, 'default_action', 'deny')}"]
-    for label, attr in (
-        ("session call budget", "session_max_calls"),
-        ("argument size limit (bytes)", "max_argument_size_bytes"),
-        ("output size limit (bytes)", "max_output_size_bytes"),
-        ("approval timeout (s)", "approval_timeout_seconds"),
+    settings = policy.settings
+    glob: list[str] = [f"default action: {policy.default_action}"]
+    for label, value in (
+        ("session call budget", settings.session_max_calls),
+        ("argument size limit (bytes)", settings.max_argument_size_bytes),
+        ("output size limit (bytes)", settings.max_output_size_bytes),
+        ("approval timeout (s)", settings.approval_timeout_seconds),
     ):
-        value = _get(settings, attr)
         glob.append(f"{label}: {value if value is not None else 'none'}")
-    glob.append(f"taints: {len(_get(policy, 'taints', ()) or ())}")
-    glob.append(f"egress controls: {len(_get(policy, 'egress_controls', ()) or ())}")
-    glob.append(f"tool chains: {len(_get(policy, 'tool_chains', ()) or ())}")
-    redaction = _get(policy, "redaction")
-    n_red = len(_get(redaction, "patterns", ()) or ()) + len(_get(redaction, "output_patterns", ()) or ())
+    glob.append(f"taints: {len(policy.taints)}")
+    glob.append(f"egress controls: {len(policy.egress_controls)}")
+    glob.append(f"tool chains: {len(policy.tool_chains)}")
+    redaction = policy.redaction
+    n_red = len(redaction.patterns) + len(redaction.output_patterns)
     glob.append(f"redaction patterns: {n_red}")
     always = ["pinned: refused if not in the first tools/list or changed since"]
-    n_sensitive = len(_get(redaction, "sensitive_files", ()) or ())
+    n_sensitive = len(redaction.sensitive_files)
     if n_sensitive:
         always.append(f"sensitive files denied in path-like arguments ({n_sensitive} patterns)")
     return PolicyView(
-        source=str(_get(policy, "source", "")),
-        sha256=str(_get(policy, "sha256", "")),
-        default_action=str(_get(policy, "default_action", "deny")),
+        source=policy.source,
+        sha256=policy.sha256,
+        default_action=policy.default_action,
         tools=tuple(tools),
         servers=tuple(servers),
         global_controls=tuple(glob),
@@ -245,13 +233,10 @@ def _load_policy(path: Path | str) -> tuple[PolicyView | None, str | None]:
     except ImportError as exc:
         return None, f"the policy loader is not available ({exc})"
     try:
-        policy = loader.load_default_policy() if path == DEFAULT_POLICY else loader.load_policy(path)
+        policy: Policy = loader.load_default_policy() if path == DEFAULT_POLICY else loader.load_policy(path)
     except Exception as exc:  # any loader error is reported, not raised: the pack is still useful
         return None, f"{type(exc).__name__}: {printable(str(exc), 300)}"
-    try:
-        return analyse_policy(policy), None
-    except (AttributeError, TypeError) as exc:
-        return None, f"the loaded policy has an unexpected shape ({type(exc).__name__}: {exc})"
+    return analyse_policy(policy), None
 
 
 # -------------------------------------------------------------------- findings
