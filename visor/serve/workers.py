@@ -442,6 +442,12 @@ class Supervisor:
                 stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(self._listen.fileno(), theirs.fileno()),
             )
+        except OSError as exc:  # out of processes or descriptors: a start that failed, as any other
+            log.error("worker_start_failed", worker=slot.index, error=str(exc))
+            ours.close()
+            slot.proc = None
+            slot.started.append(-1)
+            return -1, False
         finally:
             theirs.close()
         proc = slot.proc
