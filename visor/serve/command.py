@@ -313,7 +313,7 @@ def _session_factory(
     elicitation = True if args.approval_elicitation else None
 
     async def new_session(sid: str, adoption: Adoption | None = None) -> McpSession:
-        from visor.serve.state import counts_of
+        from visor.serve.state import CONVERSATION_MARK, counts_of
 
         policy = shared.policy
         approvals = ApprovalBroker(
@@ -396,7 +396,8 @@ def _session_factory(
                 )
             )
             try:
-                await session.replay_initialize(adoption.record.initialize)
+                if adoption.record.initialize != CONVERSATION_MARK:
+                    await session.replay_initialize(adoption.record.initialize)
             except Exception:
                 await session.end(config.shutdown_grace + 10.0)
                 raise

@@ -29,6 +29,7 @@ from visor.http.bodies import classify_body
 from visor.logs import get_logger
 from visor.serve.metrics import CONTENT_TYPE, GatewayMetrics
 from visor.serve.session import ENDED, Exchange, McpSession, id_key
+from visor.serve.sessionless import VERSION_KEY, Renamed, Renamer, check_request, conversation_key
 from visor.wire import errors
 from visor.wire.message import Kind, Message, Rejected
 
@@ -107,6 +108,11 @@ class Gateway:
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self._new_session = new_session
         self.sessions: dict[str, McpSession] = {}
+        # 2026-07-28 requests have no session: one conversation per client credential
+        # (visor/serve/sessionless.py), each with its own Visor state and upstream.
+        self.conversations: dict[str, McpSession] = {}
+        self._renamers: dict[str, Renamer] = {}
+        self._opening_conversation: dict[str, asyncio.Task[McpSession | web.Response]] = {}
         self._opening = 0
         self._ending: set[asyncio.Task[None]] = set()
         self._expected_auth = f"Bearer {config.token}".encode() if config.token is not None else None
@@ -126,7 +132,14 @@ class Gateway:
         """128 random bits, visible ASCII; a worker adds `-I`, so any worker can tell the owner."""
         return secrets.token_hex(16) + self.sid_suffix
 
+    def _open_count(self) -> int:
+        return len(self.sessions) + len(self.conversations) + self._opening
+
     def session_ended(self, session: McpSession) -> None:
+        if self.conversations.get(session.sid) is session:
+            del self.conversations[session.sid]
+            self._renamers.pop(session.sid, None)
+            log.info("conversation_closed", mcp_session=session.sid)
         if self.sessions.get(session.sid) is session:
             del self.sessions[session.sid]
             log.info("session_closed", mcp_session=session.sid, sessions=len(self.sessions))
@@ -162,7 +175,7 @@ class Gateway:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            for session in list(self.sessions.values()):
+            for session in [*self.sessions.values(), *self.conversations.values()]:
                 if session.in_flight == 0 and now - session.last_active >= self.config.idle_timeout:
                     log.info("session_idle_expired", mcp_session=session.sid)
                     # Idle here is not over everywhere: another replica may have continued it.
@@ -174,7 +187,7 @@ class Gateway:
         """Every session ended (its upstream stopped) before the gateway stops. With `--state`,
         they stay open in the store: another replica continues them."""
         self._closing = True
-        sessions = list(self.sessions.values())
+        sessions = [*self.sessions.values(), *self.conversations.values()]
         await asyncio.gather(*(s.end(self.config.end_grace) for s in sessions), return_exceptions=True)
         if self._ending:
             await asyncio.gather(*self._ending, return_exceptions=True)
@@ -233,12 +246,11 @@ class Gateway:
         sid = request.headers.get(SESSION_HEADER)
         if sid is None:
             if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS:
-                # Sessionless requests (2026-07-28) would need a Visor session state per request or
-                # one shared by every client: neither is built yet, so say so rather than guess.
+                # 2026-07-28 has no session to stream to or delete: no GET stream, no DELETE.
                 return _error(
-                    400, errors.INVALID_REQUEST,
-                    "Bad Request: this gateway serves sessions (initialize, 2025-11-25); "
-                    "sessionless 2026-07-28 requests are not served yet",
+                    405, errors.INVALID_REQUEST,
+                    f"Method Not Allowed: {request.method} without a session on this revision",
+                    headers={"Allow": "POST"},
                 )  # fmt: skip
             return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
         version = request.headers.get(VERSION_HEADER)
@@ -258,7 +270,7 @@ class Gateway:
         requests for it that arrive meanwhile wait for the same adoption)."""
         task = self._adopting.get(sid)
         if task is None:
-            if len(self.sessions) + self._opening >= self.config.max_sessions:
+            if self._open_count() >= self.config.max_sessions:
                 return _error(
                     503,
                     errors.INTERNAL_ERROR,
@@ -393,6 +405,10 @@ class Gateway:
             return _error(400, msg.code, msg.reason, rpc_id=rpc_id)
         if sid is None and msg.kind is Kind.REQUEST and msg.method == "initialize":
             return await self._initialize(request, msg)
+        if sid is None and (
+            request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS or _claims_modern(msg)
+        ):
+            return await self._sessionless(request, msg)
         found = await self._session_for(request)
         if isinstance(found, web.Response):
             return found
@@ -408,7 +424,7 @@ class Gateway:
         return await self._request(request, session, msg)
 
     async def _initialize(self, request: web.Request, msg: Message) -> web.StreamResponse:
-        if len(self.sessions) + self._opening >= self.config.max_sessions:
+        if self._open_count() >= self.config.max_sessions:
             return _error(
                 503,
                 errors.INTERNAL_ERROR,
@@ -472,16 +488,18 @@ class Gateway:
         log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
         return session
 
-    async def _send_and_wait(self, session: McpSession, ex: Exchange, msg: Message) -> bytes:
+    async def _send_and_wait(self, session: McpSession, ex: Exchange, line: bytes) -> bytes:
         try:
-            await session.send(msg.raw)
+            await session.send(line)
         except ConnectionError:
             return ENDED
-        line = await ex.queue.get()
+        answer = await ex.queue.get()
         session.delivered()
-        return line
+        return answer
 
-    async def _request(self, request: web.Request, session: McpSession, msg: Message) -> web.StreamResponse:
+    async def _request(
+        self, request: web.Request, session: McpSession, msg: Message, renamed: Renamed | None = None
+    ) -> web.StreamResponse:
         if session.in_flight >= self.config.max_in_flight:
             return _error(
                 429,
@@ -490,31 +508,47 @@ class Gateway:
                 rpc_id=msg.id,
             )
         key = id_key(msg.id)
-        if key in session.exchanges:
+        if renamed is None and key in session.exchanges:
             return _error(
                 400,
                 errors.INVALID_REQUEST,
                 "Bad Request: a request with this id is already in flight",
                 rpc_id=msg.id,
             )
-        response, _ = await self._exchange(request, session, msg, {})
+        response, _ = await self._exchange(request, session, msg, {}, renamed)
         return response
 
     async def _exchange(
-        self, request: web.Request, session: McpSession, msg: Message, headers: dict[str, str]
+        self,
+        request: web.Request,
+        session: McpSession,
+        msg: Message,
+        headers: dict[str, str],
+        renamed: Renamed | None = None,
     ) -> tuple[web.StreamResponse, bool]:
         """Send one request and answer the POST with what comes back for it: the answer alone as
-        JSON, or everything before it and the answer as an SSE stream. True when a result came."""
-        params = msg.obj.get("params")
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        ex = session.open_exchange(id_key(msg.id), token)
+        JSON, or everything before it and the answer as an SSE stream. True when a result came.
+        A `renamed` request (sessionless) travels under the gateway's id and progress token, and
+        what comes back for it is given the client's again."""
+        rpc_id: Any
+        token: Any
+        if renamed is not None:
+            line, rpc_id, token = renamed.line, renamed.internal_id, renamed.internal_token
+            restore = renamed.restore
+        else:
+            params = msg.obj.get("params")
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            line, rpc_id = msg.raw, msg.id
+            token = meta.get("progressToken") if isinstance(meta, dict) else None
+            restore = _as_is
+        ex = session.open_exchange(id_key(rpc_id), token)
         try:
-            first = await self._send_and_wait(session, ex, msg)
+            first = await self._send_and_wait(session, ex, line)
             if first is ENDED:
                 return _error(
                     502, errors.INTERNAL_ERROR, "the session ended before the answer", rpc_id=msg.id
                 ), False
+            first = restore(first)
             if _is_response(first):
                 return web.Response(body=first, content_type="application/json", headers=headers), _is_result(
                     first
@@ -529,25 +563,134 @@ class Gateway:
                 }
             )
             await response.prepare(request)
-            line = first
+            out = first
             answered = False
             try:
                 while True:
-                    await response.write(b"event: message\ndata: " + line + b"\n\n")
-                    if _is_response(line):
-                        answered = _is_result(line)
+                    await response.write(b"event: message\ndata: " + out + b"\n\n")
+                    if _is_response(out):
+                        answered = _is_result(out)
                         break
-                    line = await ex.queue.get()
+                    out = await ex.queue.get()
                     session.delivered()
-                    if line is ENDED:
+                    if out is ENDED:
                         break
+                    out = restore(out)
                 await response.write_eof()
             except ConnectionResetError:
-                # The client went away; on this revision that is not a cancellation (the call runs on).
+                # On 2025-11-25 a client going away is not a cancellation (the call runs on).
                 log.info("stream_closed_by_client", mcp_session=session.sid)
+                if renamed is not None:
+                    session.send_nowait(renamed.cancellation("the client closed the request's stream"))
             return response, answered
+        except asyncio.CancelledError:
+            # The client went away while the request waited (aiohttp cancels the handler). On
+            # 2026-07-28 that is how a request is cancelled: the relay is told, as a cancel.
+            if renamed is not None:
+                session.send_nowait(renamed.cancellation("the client closed the request's stream"))
+            raise
         finally:
             session.close_exchange(ex)
+
+    # ------------------------------------------------------------ 2026-07-28: no session
+    async def _sessionless(self, request: web.Request, msg: Message) -> web.StreamResponse:
+        """A request of the 2026-07-28 revision: checked header against body, then judged and
+        relayed in its client credential's conversation (visor/serve/sessionless.py)."""
+        if msg.kind is not Kind.REQUEST:
+            # This revision has no client notifications or responses over HTTP.
+            return _error(
+                400, errors.INVALID_REQUEST, "Bad Request: only requests are sent without a session"
+            )
+        refusal = check_request(request.headers, msg.obj)
+        if refusal is not None:
+            return _error(400, refusal.code, f"Bad Request: {refusal.message}", rpc_id=msg.id)
+        found = await self._conversation(conversation_key(request.headers.get("Authorization")), request)
+        if isinstance(found, web.Response):
+            return found
+        found.last_active = time.monotonic()
+        renamer = self._renamers.setdefault(found.sid, Renamer())
+        return await self._request(request, found, msg, renamer.rename(msg.obj))
+
+    async def _conversation(self, key: str, request: web.Request) -> McpSession | web.Response:
+        session = self.conversations.get(key)
+        if session is not None and not session.ended:
+            return session
+        task = self._opening_conversation.get(key)
+        if task is None:
+            if self._open_count() >= self.config.max_sessions:
+                return _error(
+                    503,
+                    errors.INTERNAL_ERROR,
+                    "Service Unavailable: too many sessions",
+                    headers={"Retry-After": "5"},
+                )
+            task = asyncio.get_running_loop().create_task(
+                self._open_conversation(key, request.headers.get("Authorization"))
+            )
+            self._opening_conversation[key] = task
+            task.add_done_callback(lambda _t: self._opening_conversation.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _open_conversation(self, key: str, authorization: str | None) -> McpSession | web.Response:
+        adoption = None
+        self._opening += 1
+        try:
+            if self.state is not None:
+                found = await self._conversation_in_store(key, authorization)
+                if isinstance(found, web.Response):
+                    return found
+                adoption = found
+            try:
+                session = await self._new_session(key, adoption)
+            except Exception as exc:
+                log.error("conversation_start_failed", mcp_session=key, error=str(exc))
+                return _error(500, errors.INTERNAL_ERROR, f"the upstream session could not start: {exc}")
+        finally:
+            self._opening -= 1
+        # A conversation outlives any one replica's upstream: it is never ended in the store.
+        session.keep_in_store = True
+        self.conversations[key] = session
+        log.info("conversation_opened", mcp_session=key, continued=adoption is not None)
+        return session
+
+    async def _conversation_in_store(
+        self, key: str, authorization: str | None
+    ) -> Adoption | web.Response | None:
+        """The conversation's record in the shared store: continued when it exists, made when not."""
+        from visor.serve.state import CONVERSATION_MARK, Adoption, client_digest
+        from visor.state.ledger import StateConflict, StateUnavailable
+
+        state = self.state
+        assert state is not None
+        client = client_digest(authorization)
+        try:
+            for _ in range(2):
+                record = await asyncio.to_thread(state.ledger.load, key)
+                if record is not None:
+                    if record.client != client:
+                        raise StateUnavailable("the conversation's record names another credential")
+                    previous = await asyncio.to_thread(state.ledger.claim, key, state.owner)
+                    return Adoption(record, previous)
+                try:
+                    await asyncio.to_thread(
+                        state.ledger.create,
+                        key,
+                        initialize=CONVERSATION_MARK,
+                        client=client,
+                        owner=state.owner,
+                    )
+                    return None
+                except StateConflict:
+                    continue  # another replica made it meanwhile: continue it
+            raise StateUnavailable("the conversation's record could not be made or read")
+        except StateUnavailable as exc:
+            log.error("conversation_state_failed", mcp_session=key, error=str(exc))
+            return _error(
+                503,
+                errors.INTERNAL_ERROR,
+                "Service Unavailable: the shared session state cannot be read; retry later",
+                headers={"Retry-After": "5"},
+            )
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
         if "text/event-stream" not in _media_types(request.headers.get("Accept", "")):
@@ -607,6 +750,19 @@ class Gateway:
                 audit.append(event)
             except Exception as exc:
                 log.error("audit_append_failed", error=str(exc), audit_event="reject")
+
+
+def _claims_modern(msg: Message) -> bool:
+    """A body in the 2026-07-28 form (its revision in `_meta`), whatever its headers say: judged
+    on that path, where headers that disagree with it are refused as such."""
+    params = msg.obj.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    version = meta.get(VERSION_KEY) if isinstance(meta, dict) else None
+    return type(version) is str and version in errors.MODERN_PROTOCOL_VERSIONS
+
+
+def _as_is(line: bytes) -> bytes:
+    return line
 
 
 def _is_result(line: bytes) -> bool:

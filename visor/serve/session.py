@@ -191,6 +191,12 @@ class McpSession:
         writer.write(line + b"\n")
         await writer.drain()
 
+    def send_nowait(self, line: bytes) -> None:
+        """One line on the relay's input without waiting for room (a cancel, as its request ends)."""
+        writer = self._to_relay
+        if writer is not None and not writer.is_closing() and not self.ended:
+            writer.write(line + b"\n")
+
     def open_exchange(self, key: bytes, progress_token: Any) -> Exchange:
         ex = Exchange(key)
         if self.ended:
