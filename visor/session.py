@@ -44,8 +44,9 @@ class SharedStateError(Exception):
 
 
 class SharedStateConflict(SharedStateError):
-    """The store counted calls of this session that this process did not make: another replica
-    serves the same session at the same time. The counts were taken from the store."""
+    """The store counts calls of this session that this process did not make (another replica
+    served it meanwhile). Nothing was counted; the session took the store's counts, and the
+    call is judged again on them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +60,12 @@ class SharedCounts:
 
 class CallLedger(Protocol):
     """Where a session's allowed calls are counted besides memory, when the session's state is
-    shared between replicas. ``record_call`` is atomic in the store and returns the new counts
-    (session total, this tool's); it raises SharedStateError when it cannot record."""
+    shared between replicas. ``record_call`` counts the call only if the store's total is still
+    ``expect_total`` (atomically) and returns the new counts (session total, this tool's); it
+    raises SharedStateConflict when the store counted calls this process did not make, and
+    SharedStateError when it cannot record."""
 
-    def record_call(self, server: str, tool: str, history_cap: int) -> tuple[int, int]: ...
+    def record_call(self, server: str, tool: str, history_cap: int, expect_total: int) -> tuple[int, int]: ...
 
     def counts(self) -> SharedCounts: ...
 
@@ -458,15 +461,13 @@ class SessionState:
         """Count an allowed call. With a shared ledger the call is counted there first; a ledger
         that cannot count it raises SharedStateError and nothing changes here (the call is denied)."""
         if self.ledger is not None:
-            total, count = self.ledger.record_call(call.server, call.tool, self._history_cap)
-            if total != self.calls_total + 1 or count != self.tool_calls.get(call.tool, 0) + 1:
-                # Calls this process did not make were counted: take the store's counts (the next
-                # call is judged on them) and refuse this one, which was judged on stale ones.
+            try:
+                self.ledger.record_call(call.server, call.tool, self._history_cap, self.calls_total)
+            except SharedStateConflict:
+                # Another replica served this session meanwhile: its calls count here too. This
+                # call was judged on stale counts and is not counted; the caller judges it again.
                 self.adopt_counts(self.ledger.counts())
-                raise SharedStateConflict(
-                    "another replica is serving this session at the same time "
-                    f"(the shared store counts {total} calls, this replica {self.calls_total})"
-                )
+                raise
         self.history.append((call.server, call.tool))
         if len(self.history) > self._history_cap * 2:
             del self.history[: -self._history_cap]

@@ -10,6 +10,7 @@ from visor.state.ledger import (
     LedgerRecord,
     SessionGone,
     SessionLedger,
+    StaleCounts,
     StateConflict,
 )
 
@@ -54,6 +55,21 @@ def test_calls_are_counted_atomically_with_a_capped_history(redis_server: str) -
     # no history kept: only the counts
     assert one.record_call("s-2", "mail", "send", 0) == (5, 3)
     assert len(one.load("s-2").history) == 3  # type: ignore[union-attr]
+
+
+def test_a_replica_whose_counts_are_stale_counts_nothing(redis_server: str) -> None:
+    one = SessionLedger(redis_server, ttl_seconds=600)
+    two = SessionLedger(redis_server, ttl_seconds=600)
+    one.create("s-stale", initialize=INIT, client="", owner="a")
+    assert one.record_call("s-stale", "mail", "send", 3, expect_total=0) == (1, 1)
+    assert two.record_call("s-stale", "mail", "send", 3, expect_total=1) == (2, 2)
+    # one still believes a single call was made: refused, and nothing is counted.
+    with pytest.raises(StaleCounts):
+        one.record_call("s-stale", "mail", "send", 3, expect_total=1)
+    record = one.load("s-stale")
+    assert record is not None and record.calls_total == 2 and record.tool_calls == {"send": 2}
+    assert len(record.history) == 2
+    assert one.record_call("s-stale", "mail", "send", 3, expect_total=2) == (3, 3)
 
 
 def test_a_call_for_a_session_the_store_does_not_hold_is_refused_and_leaves_nothing(

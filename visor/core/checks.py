@@ -28,7 +28,7 @@ from visor.core.guard import DENIED_REQUEST, DataGuard, Refuse, RequestVerdict
 from visor.logs import get_logger
 from visor.policy import attestation, readings
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
-from visor.session import SharedStateError
+from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
 
 if TYPE_CHECKING:
@@ -282,6 +282,17 @@ class PolicyChecks(Checks):
         return not self.session.listing_seen
 
     def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
+        try:
+            return self._judge_call(msg, ctx, stale_ok=False)
+        except SharedStateConflict:
+            # Another replica served this session meanwhile (visor serve --state): the session
+            # now holds the shared counts and history, and the call is judged again on them.
+            return self._judge_call(msg, ctx, stale_ok=True)
+
+    def _judge_call(self, msg: Message, ctx: CallContext, *, stale_ok: bool) -> Verdict:
+        """Evaluate and record one call. A conflict with the shared store (nothing recorded yet)
+        propagates unless ``stale_ok``, where it is a deny: counts that move under a second
+        judgement mean replicas are racing on this session."""
         assert msg.tool is not None and msg.arguments is not None
         call = ToolCall(self.server, msg.tool, msg.arguments)
         try:
@@ -305,7 +316,7 @@ class PolicyChecks(Checks):
                 "no tool call may read or write them",
             )
         if decision.action == "allow":
-            return self._allow(msg, call, decision, ctx)
+            return self._allow(msg, call, decision, ctx, conflicts=stale_ok)
         if decision.action == "ask":
             return self._ask(msg, call, decision, ctx)
         return self._deny(msg, decision, ctx)
@@ -351,17 +362,32 @@ class PolicyChecks(Checks):
         decision: Decision,
         ctx: CallContext,
         extra: dict[str, Any] | None = None,
+        *,
+        conflicts: bool = True,
     ) -> AwaitCommit | Answer:
+        """``conflicts``: a conflict with the shared store is a deny (else it is raised, for the
+        call to be judged again on the counts the session just took from the store)."""
         # Budgets, history and taints change now, not when the fsync returns:
         # the next pipelined call must already see this one.
         try:
             recorded = self.session.record_allowed(call)
+        except SharedStateConflict:
+            if not conflicts:
+                raise
+            log.error("shared_state_conflict", tool=msg.tool)
+            return self._deny(
+                msg,
+                Decision(
+                    "deny",
+                    "state.conflict",
+                    "another replica of the gateway is serving this session at the same time; retry",
+                ),
+                ctx,
+            )
         except SharedStateError as exc:
             # Not counted where every replica counts: a call no budget saw must not run.
             log.error("shared_state_refused", tool=msg.tool, error=str(exc))
-            return self._deny(
-                msg, Decision("deny", "state.unavailable", f"Visor denied this call: {exc}"), ctx
-            )
+            return self._deny(msg, Decision("deny", "state.unavailable", str(exc)), ctx)
         record = self._event(msg, "allow", decision)
         if extra:
             record.update(extra)

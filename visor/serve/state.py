@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from visor.logs import get_logger
-from visor.session import SharedCounts, SharedStateError
+from visor.session import SharedCounts, SharedStateConflict, SharedStateError
 
 if TYPE_CHECKING:
     from visor.groups.index import GroupIndex
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 log = get_logger("visor.serve")
 
 STATE_SCHEMES = ("redis", "rediss", "unix")
+#: What a 2026-07-28 conversation records where a session records its client's `initialize`
+#: (that revision has none): nothing to replay to a new upstream.
+CONVERSATION_MARK = b'{"visor":"conversation without initialize (2026-07-28)"}'
 #: A session's keys live this long after its last write (twice the default idle timeout).
 DEFAULT_TTL_SECONDS = 1800.0
 
@@ -156,11 +159,13 @@ class SessionLink:
         self._ledger = ledger
         self.sid = sid
 
-    def record_call(self, server: str, tool: str, history_cap: int) -> tuple[int, int]:
-        from visor.state.ledger import StateUnavailable
+    def record_call(self, server: str, tool: str, history_cap: int, expect_total: int) -> tuple[int, int]:
+        from visor.state.ledger import StaleCounts, StateUnavailable
 
         try:
-            return self._ledger.record_call(self.sid, server, tool, history_cap)
+            return self._ledger.record_call(self.sid, server, tool, history_cap, expect_total)
+        except StaleCounts as exc:
+            raise SharedStateConflict(str(exc)) from exc
         except StateUnavailable as exc:
             raise SharedStateError(f"the shared session state cannot count the call ({exc})") from exc
 

@@ -63,11 +63,15 @@ if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
 return {1, previous}
 """
 
-# KEYS: meta tools history; ARGV: ttl_ms, tool, history entry, history_cap.
-# {total, tool count}, or 'visor:gone' (no keys made for a session the store does not hold).
+# KEYS: meta tools history; ARGV: ttl_ms, tool, history entry, history_cap, expected total ('' for any).
+# {total, tool count}, 'visor:gone' (no keys made for a session the store does not hold), or
+# 'visor:stale' (the store counts other than the caller expected: nothing is counted).
 # One script rather than MULTI/EXEC: as atomic, and half the cost on the path of every call.
 _RECORD_CALL_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'visor:gone' end
+if ARGV[5] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'calls') or '0') ~= tonumber(ARGV[5]) then
+  return 'visor:stale'
+end
 local total = redis.call('HINCRBY', KEYS[1], 'calls', 1)
 local count = redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 local cap = tonumber(ARGV[4])
@@ -88,6 +92,11 @@ class StateUnavailable(Exception):
 
 class SessionGone(StateUnavailable):
     """No such session in the store (it expired, or was never made here)."""
+
+
+class StaleCounts(Exception):
+    """The store counts calls of the session the caller did not know of (another replica served
+    it meanwhile): nothing was counted; read the counts and judge again."""
 
 
 class StateConflict(Exception):
@@ -261,21 +270,33 @@ class SessionLedger:
             pins=pins,
         )
 
-    def record_call(self, sid: str, server: str, tool: str, history_cap: int) -> tuple[int, int]:
+    def record_call(
+        self, sid: str, server: str, tool: str, history_cap: int, expect_total: int | None = None
+    ) -> tuple[int, int]:
         """Count an allowed call, atomically: the session's new total and this tool's count.
-        Raises StateUnavailable (SessionGone for a session the store does not hold)."""
+        With ``expect_total``, only if the store's total is still that (else StaleCounts, and
+        nothing is counted). Raises StateUnavailable (SessionGone for a session the store does
+        not hold)."""
         keys = self.keys(sid)
         entry = f"{server}\0{tool}".encode("utf-8", "surrogatepass")
         try:
             reply = self._record_call(
                 keys=keys,
-                args=(self.ttl_ms, tool.encode("utf-8", "surrogatepass"), entry, max(0, history_cap)),
+                args=(
+                    self.ttl_ms,
+                    tool.encode("utf-8", "surrogatepass"),
+                    entry,
+                    max(0, history_cap),
+                    b"" if expect_total is None else str(expect_total).encode(),
+                ),
                 client=self._c(),
             )
         except StateUnavailable:
             raise
         except Exception as exc:
             raise StateUnavailable(f"record call: {type(exc).__name__}: {exc}") from exc
+        if reply == b"visor:stale":
+            raise StaleCounts(f"session {sid[:40]!r}: the store counts calls this replica did not make")
         if reply == b"visor:gone":
             raise SessionGone(f"session {sid[:40]!r} is not in the state store (expired or never made)")
         if (
