@@ -243,6 +243,11 @@ def test_sessions_stay_with_their_owner_through_the_shared_port(tmp_path: Path) 
         # Requests did land on the worker that does not own their session, and were forwarded.
         forwarded = _events(gw, "request_forwarded")
         assert forwarded and all(e["status"] in (200, 202) for e in forwarded), forwarded[:5]
+        assert all(e["worker"] != e["owner"] == _owner(e["mcp_session"]) for e in forwarded), forwarded[:5]
+        # Each worker's log lines say which worker wrote them.
+        opened = _events(gw, "session_opened")
+        assert {e["mcp_session"] for e in opened} == {sid for sid, _ in results}
+        assert all(e["worker"] == _owner(e["mcp_session"]) for e in opened)
 
         # Each session's records are in its owner's log, and only there.
         logs = {i: _records(_log(gw, i)) for i in (0, 1)}

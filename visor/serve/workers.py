@@ -34,9 +34,10 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from visor import logs
 
@@ -182,13 +183,13 @@ class Forwarder:
             )
         except ClientConnectorError as exc:
             # The owner is gone (killed, restarting): its sessions went with it; 404 here.
-            log.info("forward_owner_unreachable", worker=owner, mcp_session=sid, error=str(exc))
+            log.info("forward_owner_unreachable", owner=owner, mcp_session=sid, error=str(exc))
             return None
         except ClientError as exc:
-            log.warning("forward_failed", worker=owner, mcp_session=sid, error=str(exc))
+            log.warning("forward_failed", owner=owner, mcp_session=sid, error=str(exc))
             return _error(502, errors.INTERNAL_ERROR, "the worker that owns this session went away")
         log.debug(
-            "request_forwarded", worker=owner, mcp_session=sid, method=request.method, status=upstream.status
+            "request_forwarded", owner=owner, mcp_session=sid, method=request.method, status=upstream.status
         )
         async with upstream:
             response = web.StreamResponse(
@@ -204,10 +205,10 @@ class Forwarder:
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:
-                log.info("forward_closed_by_client", worker=owner, mcp_session=sid)
+                log.info("forward_closed_by_client", owner=owner, mcp_session=sid)
             except ClientError as exc:
                 # The owner died mid-answer: the client must see a broken stream, not a whole one.
-                log.warning("forward_broken", worker=owner, mcp_session=sid, error=str(exc))
+                log.warning("forward_broken", owner=owner, mcp_session=sid, error=str(exc))
                 if request.transport is not None:
                     request.transport.close()
             return response
@@ -229,6 +230,7 @@ class Worker:
         os.set_inheritable(spec.control_fd, False)
         self._control = socket.socket(fileno=spec.control_fd)
         whole_lines_on_stderr()
+        tag_log_lines(spec.index)
         self._forwarder: Forwarder | None = None
 
     def audit_path(self, path: Path) -> Path:
@@ -298,6 +300,18 @@ def whole_lines_on_stderr() -> None:
     process's line can fall between. Buffered, `print(..., flush=True)` (structlog's) is one write."""
     with contextlib.suppress(AttributeError, ValueError):
         sys.stderr.reconfigure(line_buffering=False, write_through=False)  # type: ignore[union-attr]
+
+
+def tag_log_lines(index: int) -> None:
+    """Every log line of worker `index` says `worker=index`: the workers share one stderr."""
+    import structlog
+
+    def add_worker(logger: Any, name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        event.setdefault("worker", index)
+        return event
+
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[add_worker, *processors])
 
 
 def bind(host: str, port: int) -> socket.socket:
