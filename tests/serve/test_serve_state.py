@@ -58,7 +58,7 @@ def _replica(tmp_path: Path, name: str, store: str, log: Path) -> Any:
     return serve(
         folder,
         [sys.executable, str(MAILBOX)],
-        "--state", store, "--server-name", "mail",
+        "--state", store, "--server-name", "mail", "--replica-id", name,
         policy=POLICY,
         env={"MAILBOX_LOG": str(log)},
     )  # fmt: skip
@@ -98,6 +98,7 @@ def test_a_session_continued_on_another_replica_keeps_budget_provenance_and_pins
     log = tmp_path / "mailbox.jsonl"
     with _replica(tmp_path, "a", redis.url, log) as a, _replica(tmp_path, "b", redis.url, log) as b:
         sid = initialize(a.url)
+        assert sid.startswith("a.") and len(sid) == 34  # the replica that holds it, for a router
         assert not call(a.url, sid, "ping").get("isError")
         assert not call(a.url, sid, "ping").get("isError")
         inbox = call(a.url, sid, "read_inbox")

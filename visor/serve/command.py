@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from visor.telemetry import Telemetry
 
 DEFAULT_LISTEN = "127.0.0.1:8808"
+REPLICA_ID = re.compile(r"[A-Za-z0-9_]{1,32}")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # A shorter token is guessable in a network attacker's budget; refuse it at start.
 MIN_TOKEN_CHARS = 16
@@ -114,6 +116,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     # Set by the --workers supervisor on the command line of each worker it starts (visor/serve/workers.py).
     p.add_argument("--worker-of", metavar="SPEC", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--replica-id", metavar="ID",
+        help="begin every session id this replica mints with 'ID.' (letters, digits, '_'; at most 32), "
+        "so a load balancer can send each session to the replica that holds it (docs/deploy.md)",
+    )  # fmt: skip
     p.add_argument(
         "--state", metavar="URL",
         help="keep each session's state (budgets, pins, untrusted output, taints, approvals) in this "
@@ -490,6 +497,11 @@ def serve_command(args: argparse.Namespace) -> int:
         token = _token(args, host)
         if not 0 < args.idle_timeout <= 86400:
             raise ServeError("--idle-timeout must be above 0 and at most 86400 seconds")
+        if args.replica_id is not None and not REPLICA_ID.fullmatch(args.replica_id):
+            raise ServeError(
+                f"--replica-id {args.replica_id[:40]!r}: 1 to 32 letters, digits or '_' (it begins every "
+                "session id, which load balancers match)"
+            )
         from visor.serve.workers import MAX_WORKERS, Worker, WorkerSpec, WorkerSpecError
 
         if args.workers > MAX_WORKERS:
@@ -520,6 +532,7 @@ def serve_command(args: argparse.Namespace) -> int:
         idle_timeout=args.idle_timeout,
         end_grace=args.shutdown_grace + 10.0,
         server_name=args.server_name,
+        replica_id=args.replica_id,
     )
     from visor.relay import loop as event_loop
 

@@ -65,6 +65,8 @@ class GatewayConfig:
     idle_timeout: float
     end_grace: float
     server_name: str
+    # `--replica-id`: the first part of every session id minted here ("ID."), for routing.
+    replica_id: str | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -129,8 +131,11 @@ class Gateway:
 
     # ------------------------------------------------------------ sessions
     def mint_sid(self) -> str:
-        """128 random bits, visible ASCII; a worker adds `-I`, so any worker can tell the owner."""
-        return secrets.token_hex(16) + self.sid_suffix
+        """128 random bits, visible ASCII; `--replica-id` puts `ID.` in front, so a load balancer
+        can tell the replica that holds the session, and a worker adds `-I`, so any worker can
+        tell the one that does."""
+        prefix = f"{self.config.replica_id}." if self.config.replica_id else ""
+        return prefix + secrets.token_hex(16) + self.sid_suffix
 
     def _open_count(self) -> int:
         return len(self.sessions) + len(self.conversations) + self._opening
