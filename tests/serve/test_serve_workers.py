@@ -124,7 +124,7 @@ def _wait_for(what: str, check: Any, timeout: float = 60.0) -> Any:
 
 
 def _owner(sid: str) -> int:
-    hexpart, dash, index = sid.rpartition("-")
+    hexpart, dash, index = sid.rpartition(".")[2].rpartition("-")
     assert dash and len(hexpart) == 32 and int(hexpart, 16) >= 0, sid
     return int(index)
 
@@ -275,11 +275,13 @@ def test_sessions_stay_with_their_owner_through_the_shared_port(tmp_path: Path) 
 
 
 def test_a_request_for_another_workers_session_is_forwarded(tmp_path: Path) -> None:
-    with _workers(tmp_path) as gw:
+    # With a replica id in front of the session ids (a load balancer's key), as behind nginx.
+    with _workers(tmp_path, "--replica-id", "edge_1") as gw:
         rundir = Path(_events(gw, "serve_workers")[0]["rundir"])
         assert rundir.stat().st_mode & 0o777 == 0o700
         sock = {i: rundir / f"worker-{i}.sock" for i in (0, 1)}
         sid = _sessions_on_both(gw.url)[1]
+        assert sid.startswith("edge_1.")
         # Worker 1's session, asked of worker 0 on its own socket: worker 0 forwards it.
         direct = _post_via(sock[1], gw, _call("whoami", {}), sid)
         forwarded = _post_via(sock[0], gw, _call("whoami", {}), sid)

@@ -53,8 +53,8 @@ MAX_START_FAILURES = 5
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 8.0
 _READY = b"ready\n"
-# `<32 hex>-<I>`: the session ids a worker mints (gateway.Gateway.mint_sid).
-_SID = re.compile(r"[0-9a-f]{32}-(0|[1-9][0-9]{0,2})")
+# `[ID.]<32 hex>-<I>`: the session ids a worker mints (gateway.Gateway.mint_sid; ID is --replica-id).
+_SID = re.compile(r"(?:[A-Za-z0-9_]{1,32}\.)?[0-9a-f]{32}-(0|[1-9][0-9]{0,2})")
 # A unix socket path longer than sun_path (108 bytes on Linux) cannot be bound.
 _SUN_PATH_MAX = 100
 # Hop-by-hop headers (RFC 9110 section 7.6.1) are the forwarding connection's own, not passed on.
