@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,10 +21,12 @@ from typing import Any
 
 import httpx2
 import mcp.types as types
+import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.serve.serve_proc import ACCEPT_BOTH, READY, ROOT, Reply, Serve, alive, initialize, post, serve
+from tests.state.redis_server import MISSING, RedisServer
 
 # Every tool says which process answered and which process started it: a session's upstream is a
 # child of the worker that owns the session.
@@ -72,10 +75,10 @@ def _upstream(tmp_path: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _workers(tmp_path: Path, *options: str) -> Iterator[Serve]:
+def _workers(tmp_path: Path, *options: str, policy: str = POLICY) -> Iterator[Serve]:
     with serve(
         tmp_path, _upstream(tmp_path), "--workers", "2", "--server-name", "sdk", "--log-format", "json",
-        *options, policy=POLICY,
+        *options, policy=policy,
     ) as gw:  # fmt: skip
         yield gw
 
@@ -343,6 +346,46 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_its_sessions(tmp_path:
         answer = _text(post(gw.url, _call("whoami", {}), fresh[1]))
         assert int(answer.split()[1]) == after[1]
         assert gw.proc.poll() is None
+    for i in (0, 1):
+        _verify(_log(gw, i))
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason=MISSING)
+def test_with_state_the_restarted_worker_continues_its_sessions(tmp_path: Path) -> None:
+    """The forwarding hook and `--state` adoption together: a dead worker's session, asked of the
+    other worker, is forwarded to the restarted owner, which continues it from the store."""
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    store = RedisServer(folder)
+    store.start()
+    budget = POLICY.replace(
+        '      - name: "whoami"\n        allowed: true\n',
+        '      - name: "whoami"\n        allowed: true\n        max_calls: 3\n',
+    )
+    assert "max_calls: 3" in budget
+    try:
+        with _workers(tmp_path, "--state", store.url, policy=budget) as gw:
+            rundir = Path(_events(gw, "serve_workers")[0]["rundir"])
+            sid = _sessions_on_both(gw.url)[1]
+            own = rundir / "worker-1.sock"
+            assert _post_via(own, gw, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, sid).status == 200
+            first = [_text(_post_via(own, gw, _call("whoami", {}, rpc_id=i), sid)) for i in (2, 3)]
+            before = _worker_pids(gw)
+            os.kill(before[1], signal.SIGKILL)
+            after = _wait_for(
+                "worker 1 restarted", lambda: _worker_pids(gw)[1] != before[1] and _worker_pids(gw)
+            )
+            # Through worker 0: forwarded to the new worker 1, which adopts the session with its
+            # budget (2 of 3 calls spent) and starts a new upstream for it.
+            third = _text(_post_via(rundir / "worker-0.sock", gw, _call("whoami", {}, rpc_id=4), sid))
+            assert third != first[0] and int(third.split()[1]) == after[1]
+            fourth = _post_via(rundir / "worker-0.sock", gw, _call("whoami", {}, rpc_id=5), sid).json()
+            assert fourth["result"]["isError"] is True
+            adopted = [r for r in _records(_log(gw, 1)) if r["event"] == "session_adopted"]
+            assert [r["mcp_session"] for r in adopted] == [sid]
+            assert not any(r["event"] == "session_adopted" for r in _records(_log(gw, 0)))
+    finally:
+        store.kill()
     for i in (0, 1):
         _verify(_log(gw, i))
 
