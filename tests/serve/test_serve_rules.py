@@ -134,11 +134,16 @@ def test_the_session_cap_refuses_one_more_initialize(tmp_path: Path) -> None:
         assert full.status == 503 and full.json()["error"]["code"] == -32603
 
 
-def test_a_sessionless_2026_07_28_request_is_refused_with_the_reason(tmp_path: Path) -> None:
+def test_a_sessionless_2026_07_28_request_without_its_envelope_is_refused_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    # (Requests that carry it are served: tests/serve/test_serve_modern.py.)
     with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-        refused = post(gw.url, call, **{"MCP-Protocol-Version": "2026-07-28"})
-        assert refused.status == 400 and "2026-07-28" in refused.json()["error"]["message"]
+        refused = post(gw.url, call, **{"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/list"})
+        assert refused.status == 400 and refused.json()["id"] == 1
+        error = refused.json()["error"]
+        assert error["code"] == -32602 and "io.modelcontextprotocol/protocolVersion" in error["message"]
 
 
 def test_the_in_flight_cap_refuses_one_more_request_with_429(tmp_path: Path) -> None:
