@@ -406,6 +406,8 @@ def _session_factory(
                 if adoption.record.initialize != CONVERSATION_MARK:
                     await session.replay_initialize(adoption.record.initialize)
             except Exception:
+                # Not continued here; that does not end it for the replicas that could.
+                session.keep_in_store = True
                 await session.end(config.shutdown_grace + 10.0)
                 raise
         return session
