@@ -144,10 +144,12 @@ def nginx_config(shipped: str, *, prefix: Path, port: int, replicas: list[str], 
     for pattern, repl in subs:
         text, n = re.subn(pattern, repl, text)
         assert n >= 1, f"the shipped nginx.conf no longer has {pattern!r}"
-    shipped_servers = re.findall(r"(?m)^\s*server (replica\d+:\d+)", text)
+    # Each replica appears in every upstream block (first in its own, `backup` in the others):
+    # replicaN, wherever it appears, becomes the Nth address.
+    shipped_servers = list(dict.fromkeys(re.findall(r"(?m)^\s*server (replica\d+:\d+)", text)))
     assert len(shipped_servers) == len(replicas), (shipped_servers, replicas)
     for name, address in zip(shipped_servers, replicas, strict=True):
-        text = re.sub(rf"(?m)^(\s*)server {re.escape(name)}\b", rf"\1server {address}", text)
+        text = re.sub(rf"(?m)^(\s*)server {re.escape(name)}(?=[\s;])", rf"\1server {address}", text)
     return text
 
 
@@ -175,6 +177,26 @@ def directives(text: str) -> list[tuple[tuple[str, ...], str, tuple[str, ...]]]:
             words.append(token)
     assert not stack and not words, "unbalanced config"
     return out
+
+
+def upstreams(text: str) -> dict[str, list[tuple[str, ...]]]:
+    """Each upstream block's `server` lines (address and parameters), in order."""
+    out: dict[str, list[tuple[str, ...]]] = {}
+    current = ""
+    for ctx, name, args in directives(text):
+        if name == "upstream":
+            current = args[0]
+            out[current] = []
+        elif name == "server" and ctx and ctx[-1] == "upstream":
+            out[current].append(args)
+    return out
+
+
+def session_routes(text: str) -> dict[str, str]:
+    """The map from `Mcp-Session-Id` to an upstream block: `{pattern or "default": block}`."""
+    maps = [args for _, name, args in directives(text) if name == "map"]
+    assert maps == [("$http_mcp_session_id", "$visor_pool")], maps
+    return {name: args[0] for ctx, name, args in directives(text) if ctx and ctx[-1] == "map"}
 
 
 @dataclass
