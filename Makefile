@@ -78,7 +78,10 @@ demo:
 		{ $(BIN)/python -m pip install -q -e . && touch $(VENV)/.installed-demo; }
 	$(BIN)/visor demo
 
+# Bytecode compiled first: start-up rows must not pay for compiling Visor on every start (an
+# installed wheel is compiled by pip; an editable install under PYTHONDONTWRITEBYTECODE never is).
 bench: $(STAMP)
+	$(BIN)/python -m compileall -q visor
 	$(BIN)/visor bench
 	$(BIN)/python -m visor.bench.http_rows
 
