@@ -350,6 +350,36 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_its_sessions(tmp_path:
         _verify(_log(gw, i))
 
 
+def test_sessionless_requests_of_one_credential_are_one_conversation_on_one_worker(tmp_path: Path) -> None:
+    """2026-07-28: no session id to route by. Every request made with one credential is one
+    conversation (one budget), so every worker sends them to the same worker."""
+    budget = POLICY.replace(
+        '      - name: "whoami"\n        allowed: true\n',
+        '      - name: "whoami"\n        allowed: true\n        max_calls: 3\n',
+    )
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    }
+    headers = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "whoami"}
+    with _workers(tmp_path, "--log-level", "debug", policy=budget) as gw:
+        answers = []
+        for i in range(8):  # each on a new connection: the kernel hands them to either worker
+            call = _call("whoami", {}, rpc_id=i)
+            call["params"]["_meta"] = meta
+            reply = post(gw.url, call, **headers)
+            assert reply.status == 200, reply
+            answers.append(reply.json()["result"])
+        allowed = [a["content"][0]["text"] for a in answers if not a.get("isError")]
+        assert len(allowed) == 3 and len(set(allowed)) == 1, answers
+        assert all(a.get("isError") for a in answers[3:])
+        opened = _events(gw, "conversation_opened")
+        assert len(opened) == 1, opened
+        # The upstream is a child of the worker that holds the conversation.
+        assert int(allowed[0].split()[1]) == _worker_pids(gw)[opened[0]["worker"]]
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason=MISSING)
 def test_with_state_the_restarted_worker_continues_its_sessions(tmp_path: Path) -> None:
     """The forwarding hook and `--state` adoption together: a dead worker's session, asked of the

@@ -18,6 +18,9 @@ do not own it. Hence:
   whose `Mcp-Session-Id` names another worker is forwarded to that worker's socket, after the
   Origin and token checks, and its answer streamed back unchanged; when the owner cannot be
   reached (it died) the request is served locally, where the unknown session gets its 404.
+  A sessionless (2026-07-28) request goes the same way to the one worker that holds its client
+  credential's conversation (a hash of the credential's digest), so that a conversation's budgets
+  are not multiplied by N.
 * Worker I writes its own audit log, `X.worker-I.jsonl` for `--audit-log X.jsonl`: a log has one
   writer and one hash chain.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -80,26 +84,29 @@ class WorkerSpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What the supervisor hands worker `index`: the listening socket's fd, its control pair's fd,
-    and the run directory where every worker's unix socket is."""
+    """What the supervisor hands worker `index` of `count`: the listening socket's fd, its control
+    pair's fd, and the run directory where every worker's unix socket is."""
 
     listen_fd: int
     control_fd: int
     index: int
+    count: int
     rundir: Path
 
     def encode(self) -> str:
-        return f"{self.listen_fd}:{self.control_fd}:{self.index}:{self.rundir}"
+        return f"{self.listen_fd}:{self.control_fd}:{self.index}:{self.count}:{self.rundir}"
 
     @classmethod
     def parse(cls, text: str) -> WorkerSpec:
-        parts = text.split(":", 3)
-        if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]) or not parts[3]:
-            raise WorkerSpecError(f"{WORKER_OPTION} {text!r}: expected LISTEN_FD:CONTROL_FD:INDEX:RUNDIR")
-        index = int(parts[2])
-        if index >= MAX_WORKERS:
-            raise WorkerSpecError(f"{WORKER_OPTION} {text!r}: the index must be below {MAX_WORKERS}")
-        return cls(int(parts[0]), int(parts[1]), index, Path(parts[3]))
+        parts = text.split(":", 4)
+        if len(parts) != 5 or not all(p.isdigit() for p in parts[:4]) or not parts[4]:
+            raise WorkerSpecError(
+                f"{WORKER_OPTION} {text!r}: expected LISTEN_FD:CONTROL_FD:INDEX:COUNT:RUNDIR"
+            )
+        index, count = int(parts[2]), int(parts[3])
+        if not index < count <= MAX_WORKERS:
+            raise WorkerSpecError(f"{WORKER_OPTION} {text!r}: needs INDEX < COUNT <= {MAX_WORKERS}")
+        return cls(int(parts[0]), int(parts[1]), index, count, Path(parts[4]))
 
     @property
     def socket_path(self) -> Path:
@@ -121,6 +128,16 @@ def owner_of(sid: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def conversation_owner(authorization: str | None, count: int) -> int:
+    """The worker that holds the conversation of every sessionless (2026-07-28) request made with
+    this credential: one worker, so that the conversation's budgets and provenance are one
+    (visor/serve/sessionless.py), not one per worker a request happens to reach."""
+    from visor.serve.sessionless import conversation_key
+
+    digest = hashlib.sha256(conversation_key(authorization).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
 # ---------------------------------------------------------------------------- the worker side
 
 
@@ -129,9 +146,10 @@ class Forwarder:
     that worker's unix socket and its answer streamed back unchanged (status, headers, body, SSE
     events as they come). None: serve the request here."""
 
-    def __init__(self, spec: WorkerSpec, max_body: int) -> None:
+    def __init__(self, spec: WorkerSpec, max_body: int, shared_state: bool) -> None:
         self._spec = spec
         self._max_body = max_body
+        self._shared_state = shared_state
         self._clients: dict[int, ClientSession] = {}
 
     def _client(self, owner: int) -> ClientSession:
@@ -154,11 +172,19 @@ class Forwarder:
         from multidict import CIMultiDict
         from yarl import URL
 
-        from visor.serve.gateway import SESSION_HEADER, _error
+        from visor.serve.gateway import SESSION_HEADER, VERSION_HEADER, _error
         from visor.wire import errors
 
         sid = request.headers.get(SESSION_HEADER)
-        owner = owner_of(sid) if sid is not None else None
+        conversation = (
+            sid is None
+            and request.method == "POST"
+            and request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS
+        )
+        if conversation:
+            owner: int | None = conversation_owner(request.headers.get("Authorization"), self._spec.count)
+        else:
+            owner = owner_of(sid) if sid is not None else None
         if owner is None or owner == self._spec.index:
             return None
         if request.content_length is not None and request.content_length > self._max_body:
@@ -182,8 +208,17 @@ class Forwarder:
                 skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
             )
         except ClientConnectorError as exc:
-            # The owner is gone (killed, restarting): its sessions went with it; 404 here.
             log.info("forward_owner_unreachable", owner=owner, mcp_session=sid, error=str(exc))
+            if conversation and not self._shared_state:
+                # A second conversation here would start with fresh budgets: the client waits.
+                return _error(
+                    503,
+                    errors.INTERNAL_ERROR,
+                    "Service Unavailable: the worker that holds this client's conversation is restarting",
+                    headers={"Retry-After": "1"},
+                )
+            # The owner is gone (killed, restarting): its sessions went with it (404 here), or
+            # with --state this worker continues them from the store.
             return None
         except ClientError as exc:
             log.warning("forward_failed", owner=owner, mcp_session=sid, error=str(exc))
@@ -238,7 +273,9 @@ class Worker:
 
     def attach(self, gateway: Gateway) -> None:
         gateway.sid_suffix = f"-{self.spec.index}"
-        self._forwarder = Forwarder(self.spec, gateway.config.max_message_bytes)
+        self._forwarder = Forwarder(
+            self.spec, gateway.config.max_message_bytes, shared_state=gateway.state is not None
+        )
         gateway.forward = self._forwarder
 
     async def start(self, runner: web.AppRunner, stop: asyncio.Event) -> None:
@@ -449,7 +486,7 @@ class Supervisor:
     async def _run_once(self, slot: _Slot) -> tuple[int, bool]:
         """One life of a worker: its exit status and whether it became ready."""
         ours, theirs = socket.socketpair()
-        spec = WorkerSpec(self._listen.fileno(), theirs.fileno(), slot.index, self._rundir)
+        spec = WorkerSpec(self._listen.fileno(), theirs.fileno(), slot.index, len(self._slots), self._rundir)
         try:
             slot.proc = await asyncio.create_subprocess_exec(
                 *worker_argv(self._argv, spec),
@@ -502,7 +539,7 @@ def supervise(args: argparse.Namespace, host: str, port: int, argv: list[str]) -
         print(f"visor serve: cannot make a run directory for the workers: {exc}", file=sys.stderr)
         return 1
     try:
-        worker_argv(argv, WorkerSpec(0, 0, 0, rundir))  # refuse an unusable command line before starting
+        worker_argv(argv, WorkerSpec(0, 0, 0, 1, rundir))  # refuse an unusable command line before starting
         bound = listen.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         supervisor = Supervisor(argv, args.workers, listen, rundir, args.shutdown_grace)
