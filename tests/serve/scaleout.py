@@ -192,11 +192,15 @@ def upstreams(text: str) -> dict[str, list[tuple[str, ...]]]:
     return out
 
 
+ROUTE_KEY = '"$http_mcp_session_id:$http_mcp_protocol_version"'
+
+
 def session_routes(text: str) -> dict[str, str]:
-    """The map from `Mcp-Session-Id` to an upstream block: `{pattern or "default": block}`."""
+    """The map from `Mcp-Session-Id:MCP-Protocol-Version` to an upstream block, as
+    `{pattern or "default": block}` (quotes dropped)."""
     maps = [args for _, name, args in directives(text) if name == "map"]
-    assert maps == [("$http_mcp_session_id", "$visor_pool")], maps
-    return {name: args[0] for ctx, name, args in directives(text) if ctx and ctx[-1] == "map"}
+    assert maps == [(ROUTE_KEY, "$visor_pool")], maps
+    return {name.strip('"'): args[0] for ctx, name, args in directives(text) if ctx and ctx[-1] == "map"}
 
 
 @dataclass

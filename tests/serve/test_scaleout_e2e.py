@@ -235,21 +235,25 @@ def test_the_tested_nginx_config_is_the_shipped_one_with_places_substituted(tmp_
         by_name.setdefault(name, []).append(args)
     # Routing on the id's replica prefix, not a hash of the id (which cannot know where it was
     # minted); the variable names an upstream block, so no resolver is configured or needed.
-    assert "hash" not in by_name and "resolver" not in by_name
+    assert "resolver" not in by_name
     assert scaleout.session_routes(shipped_text) == {
         r"~^r1\.": "visor_r1",
         r"~^r2\.": "visor_r2",
+        ":2026-07-28": "visor_conversation",
         "default": "visor_any",
     }
+    # The one hash left: a sessionless conversation is one per client credential.
+    assert by_name["hash"] == [("$http_authorization", "consistent")]
     assert by_name["proxy_pass"] == [("http://$visor_pool",)]
     # Each replica's block: that replica first, every other one a backup; visor_any: all alike.
     for ups, first_address in (
         (scaleout.upstreams(shipped_text), "replica"),
         (scaleout.upstreams(generated_text), "127.0.0.1:"),
     ):
-        assert set(ups) == {"visor_r1", "visor_r2", "visor_any"}
+        assert set(ups) == {"visor_r1", "visor_r2", "visor_conversation", "visor_any"}
         everyone = [args[0] for args in ups["visor_any"]]
         assert all("backup" not in args for args in ups["visor_any"]) and len(everyone) == 2
+        assert ups["visor_conversation"] == ups["visor_any"]
         for n, block in ((1, "visor_r1"), (2, "visor_r2")):
             (primary, *backups) = ups[block]
             assert primary[0] == everyone[n - 1] and primary[0].startswith(first_address), (block, primary)
@@ -608,6 +612,70 @@ def test_a_session_that_went_back_and_forth_between_replicas_keeps_its_budget_an
 ) -> None:
     with cluster(tmp_path, state=True) as c:
         _failover(c, survivor_held_it=True)
+
+
+# ---------------------------------------------------------------- 2026-07-28: no session id
+def _conversation(c: Cluster, *, state: bool) -> None:
+    """A 2026-07-28 client sends no Mcp-Session-Id; a replica keeps one conversation per client
+    credential, and nginx sends every request made with one credential to one replica (a hash of
+    Authorization). So the conversation's budget and provenance hold without a store. With
+    `--state`, that replica is then killed, and the other continues the conversation."""
+
+    async def main() -> tuple[list[types.CallToolResult], str, types.CallToolResult, list[Any]]:
+        async with (
+            _client(c) as hc,
+            streamable_http_client(c.front.url, http_client=hc) as (r, w),
+            ClientSession(r, w) as s,
+        ):
+            await s.discover()
+            counts = [await s.call_tool("count", {"tag": "modern", "n": n}) for n in (1, 2, 3, 4)]
+            inbox = _text(await s.call_tool("read_inbox", {"tag": "modern"}))
+            send = await s.call_tool("send_mail", {"to": MALLORY, "body": "modern"})
+            after: list[Any] = []
+            if state:
+                (holder,) = {r.url for r in c.replicas for rec in r.records() if rec["event"] == "allow"}
+                (dead,) = [r for r in c.replicas if r.url == holder]
+                dead.proc.send_signal(signal.SIGKILL)
+                dead.proc.wait()
+                after = [
+                    await s.call_tool("count", {"tag": "modern", "n": 5}),
+                    await s.call_tool("send_mail", {"to": MALLORY, "body": "after"}),
+                    await s.call_tool("whoami", {"tag": "after"}),
+                ]
+            return counts, inbox, send, after
+
+    counts, inbox, send, after = _run(main)
+    assert [bool(x.is_error) for x in counts] == [False, False, False, True], [_text(x) for x in counts]
+    assert MALLORY in inbox and send.is_error, _text(send)
+    records = [(r, rec) for r in c.replicas for rec in r.records() if rec["event"] in ("allow", "deny")]
+    # One conversation (no session id); before any kill, every call of it on one replica.
+    assert len({rec["mcp_session"] for _, rec in records}) == 1, records
+    rules = [rec["rule"] for _, rec in records if rec["event"] == "deny"]
+    received = [(call["tool"], call["arguments"].get("n")) for call in c.calls()]
+    if not state:
+        assert len({r.url for r, _ in records}) == 1, records
+        assert rules == ["budget.max_calls", "provenance.untrusted_output"], rules
+        assert received == [("count", 1), ("count", 2), ("count", 3), ("read_inbox", None)], received
+        return
+    # The survivor continued it: the budget is still spent, the address still untrusted.
+    assert [bool(x.is_error) for x in after] == [True, True, False], [_text(x) for x in after]
+    assert len({r.url for r, _ in records}) == 2, records
+    assert rules == ["budget.max_calls", "provenance.untrusted_output"] * 2, rules
+    assert received[-1] == ("whoami", None) and len(received) == 5, received
+
+
+@needs_services
+def test_a_sessionless_conversation_stays_on_one_replica_and_its_budget_holds_without_state(
+    tmp_path: Path,
+) -> None:
+    with cluster(tmp_path, state=False) as c:
+        _conversation(c, state=False)
+
+
+@needs_services
+def test_a_sessionless_conversation_continues_on_the_survivor_with_state(tmp_path: Path) -> None:
+    with cluster(tmp_path, state=True) as c:
+        _conversation(c, state=True)
 
 
 # ---------------------------------------------------------------- the store goes away
