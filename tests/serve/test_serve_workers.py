@@ -441,3 +441,26 @@ def test_refused_at_start(tmp_path: Path) -> None:
     assert failed.returncode == 1, failed.stderr
     assert "policy refused" in failed.stderr and "before it was ready; stopping" in failed.stderr
     assert READY not in failed.stderr
+
+
+def test_no_worker_relays_a_call_that_names_any_workers_audit_log(tmp_path: Path) -> None:
+    # --audit-log outside $VISOR_HOME/audit: each worker's own file, and its siblings', are
+    # Visor's files, which no tool call may name.
+    mailbox = ROOT / "tests" / "servers" / "mailbox.py"
+    policy = 'version: "1.0"\ndefault_action: deny\nservers:\n  - name: "mail"\n    allowed: true\n'
+    policy += "    tools:\n      - name: note\n        allowed: true\n"
+    received = tmp_path / "received.jsonl"
+    with serve(
+        tmp_path, [sys.executable, str(mailbox)], "--workers", "2", "--server-name", "mail",
+        policy=policy, env={"MAILBOX_LOG": str(received)},
+    ) as gw:  # fmt: skip
+        sid = initialize(gw.url)
+        for rpc_id, index in enumerate((0, 1), start=1):
+            target = str(_log(gw, index))
+            reply = post(gw.url, _call("note", {"text": target}, rpc_id), sid)
+            result = reply.json()["result"]
+            assert result["isError"] is True
+            assert "visor.protected_path" in result["content"][0]["text"], (index, result)
+        ok = post(gw.url, _call("note", {"text": "hello"}, 3), sid)
+        assert _text(ok) == "noted"
+    assert len(received.read_text().splitlines()) == 1

@@ -38,6 +38,13 @@ def send_email(to: str, body: str) -> str:
 
 
 @mcp.tool()
+def note(text: str) -> str:
+    """Keep a note."""
+    _received("note", {"text": text})
+    return "noted"
+
+
+@mcp.tool()
 def ping() -> str:
     """Answer with this server's pid."""
     _received("ping", {})

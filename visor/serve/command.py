@@ -277,6 +277,7 @@ def _session_factory(
     reloads: list[PolicyReloaded],
     reports: Telemetry,
     shared_state: SharedState | None = None,
+    worker: Worker | None = None,
 ) -> Any:
     """One MCP session: the pieces `visor run` builds per process, built per session.
 
@@ -306,6 +307,14 @@ def _session_factory(
         listing_timeout=shared.listing_timeout,
     )
     protected = _protected_paths(args, shared.audit.path)
+    if worker is not None and args.audit_log:
+        # Every worker's log, not only this one's: a tool call through one worker must not name
+        # a sibling's chain either (the default folder, $VISOR_HOME/audit, is protected whole).
+        from visor.approval.protected import Protected
+        from visor.serve.workers import worker_audit_path
+
+        siblings = [worker_audit_path(Path(args.audit_log), i) for i in range(worker.spec.count)]
+        protected = Protected.of(protected.dirs, [*protected.files, *siblings])
     approved_path = approved_destinations_path(args, shared.command)
     log = logs.get_logger("visor.serve")
     # The approval directory is checked and announced (for `visor approve`) once per process;
@@ -570,7 +579,7 @@ async def _serve(
         metrics = GatewayMetrics()
         reports = _telemetry(args, shared, metrics)
         shared.audit.observe_fsync(reports.fsynced)
-        factory = _session_factory(args, shared, gateway_ref, reloads, reports, shared_state)
+        factory = _session_factory(args, shared, gateway_ref, reloads, reports, shared_state, worker)
     except BaseException:
         # A refused option must not leave the audit writer's thread running.
         await shared.audit.close()
