@@ -562,7 +562,8 @@ def _failover(c: Cluster, *, survivor_held_it: bool) -> None:
         if rec["event"] == "deny" and rec.get("mcp_session") == sid
     ]
     assert denies == [("count", "budget.max_calls"), ("send_mail", "provenance.untrusted_output")], denies
-    assert [rec["event"] for rec in survivor.records() if rec["event"] == "deny"] == ["deny", "deny"]
+    # Both on the survivor, after the kill (nothing was refused as a conflict anywhere).
+    assert sum(rec["event"] == "deny" for rec in survivor.records()) == 2
     mine = [
         (call["tool"], call["arguments"].get("n"))
         for call in c.calls()
@@ -576,7 +577,7 @@ def _failover(c: Cluster, *, survivor_held_it: bool) -> None:
     on_survivor = [
         (rec["tool"], rec["args"].get("n")) for rec in survivor.records() if rec["event"] == "allow"
     ]
-    assert on_survivor == [("count", 2)] * survivor_held_it + [("count", 3)], on_survivor
+    assert on_survivor == ([("count", 2)] if survivor_held_it else []) + [("count", 3)], on_survivor
 
     # Every call an upstream process received has its allow record in one of the two logs:
     # the dead replica's were durable before it relayed them.
