@@ -218,18 +218,10 @@ def test_a_conversation_continues_on_another_replica_with_state(tmp_path: Path) 
         replicas = []
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
-            replicas.append(
-                serve(
-                    tmp_path / name,
-                    [sys.executable, str(MAILBOX)],
-                    "--server-name",
-                    "mail",
-                    "--state",
-                    store.url,
-                    policy=MAIL_POLICY,
-                    env={"MAILBOX_LOG": str(log)},
-                )  # fmt: skip
-            )
+            options = ("--server-name", "mail", "--state", store.url)
+            upstream = [sys.executable, str(MAILBOX)]
+            env = {"MAILBOX_LOG": str(log)}
+            replicas.append(serve(tmp_path / name, upstream, *options, policy=MAIL_POLICY, env=env))
         with replicas[0] as a, replicas[1] as b:
             for i, url in enumerate([a.url, a.url, b.url, b.url]):
                 body, headers = _modern(i, "tools/call", {"name": "ping", "arguments": {}})
