@@ -82,8 +82,11 @@ def test_bench_progress_goes_to_stderr(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         timeout=600,
+        env={**os.environ, "VISOR_HOME": str(tmp_path / "home")},
     )
     assert result.returncode == 0, result.stderr
+    # The visor runs it measured kept their group stores in its own scratch folder, not the user's.
+    assert not (tmp_path / "home").exists()
     steps = [ln for ln in result.stderr.splitlines() if ln.startswith("visor bench: [")]
     assert steps and steps[0].startswith("visor bench: [1/") and "direct" in steps[0]
     done, total = steps[-1].removeprefix("visor bench: [").split("]")[0].split("/")

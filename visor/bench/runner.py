@@ -487,6 +487,9 @@ def run_bench(args: argparse.Namespace) -> int:
     say = _progress(getattr(args, "progress", False) or sys.stderr.isatty())
     with tempfile.TemporaryDirectory(prefix="visor-bench-", dir=os.getcwd()) as tmp_name:
         tmp = Path(tmp_name)
+        # Every visor run the bench starts keeps its group stores, pins and approvals here, never
+        # in the user's own $VISOR_HOME (the children inherit this process's environment).
+        os.environ["VISOR_HOME"] = str(tmp / "home")
         say("measuring this disk's fsync")
         fsync_s = fsync_latency_probe(tmp, samples=50)
         if user_server:

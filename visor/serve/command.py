@@ -258,12 +258,16 @@ def _open_state(args: argparse.Namespace) -> SharedState | None:
     try:
         from visor.serve.state import SharedState, StateOptionError
     except ImportError as exc:  # pragma: no cover - the extra is part of the test install
-        raise ServeError(f"--state needs the 'state' extra (pip install 'visor[state]'): {exc}") from exc
+        raise ServeError(
+            f"--state needs the 'state' extra (pip install 'visor-mcp-proxy[state]'): {exc}"
+        ) from exc
     try:
         state = SharedState(args.state, ttl_seconds=max(2 * args.idle_timeout, 60.0))
         state.ping()
     except ImportError as exc:
-        raise ServeError(f"--state needs the 'state' extra (pip install 'visor[state]'): {exc}") from exc
+        raise ServeError(
+            f"--state needs the 'state' extra (pip install 'visor-mcp-proxy[state]'): {exc}"
+        ) from exc
     except StateOptionError as exc:
         raise ServeError(str(exc)) from exc
     logs.get_logger("visor.serve").info("state_store", store=state.display, owner=state.owner)
