@@ -23,6 +23,7 @@ import base64
 import binascii
 import hashlib
 import itertools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -121,13 +122,14 @@ class Renamed:
     client_token: Any
 
     def restore(self, line: bytes) -> bytes:
-        """A line routed to this request, with the client's id or progress token back."""
+        """A line routed to this request, with the client's id or progress token back. Only that
+        member changes: the rest of the server's bytes are passed on as they are (numbers that
+        orjson would read inexactly, the server's own spacing)."""
         obj = orjson.loads(line)
         if not isinstance(obj, dict):
             return line
         if "method" not in obj and obj.get("id") == self.internal_id:
-            obj["id"] = self.client_id
-            return orjson.dumps(obj)
+            return _splice(line, b"id", self.internal_id, self.client_id, ("id",))
         params = obj.get("params")
         if (
             self.internal_token is not None
@@ -135,8 +137,9 @@ class Renamed:
             and isinstance(params, dict)
             and params.get("progressToken") == self.internal_token
         ):
-            obj["params"] = {**params, "progressToken": self.client_token}
-            return orjson.dumps(obj)
+            return _splice(
+                line, b"progressToken", self.internal_token, self.client_token, ("params", "progressToken")
+            )
         return line
 
     def cancellation(self, reason: str) -> bytes:
@@ -173,3 +176,31 @@ class Renamer:
                 token = f"visor-p{n}"
                 out["params"] = {**params, "_meta": {**meta, "progressToken": token}}
         return Renamed(orjson.dumps(out), internal, obj.get("id"), token, client_token)
+
+
+def _splice(line: bytes, key: bytes, internal: str, value: Any, path: tuple[str, str] | tuple[str]) -> bytes:
+    """``line`` with the member ``key`` that holds ``internal`` set to ``value``. The exact bytes
+    Visor's own serialiser would write are replaced where they occur once; the result is read
+    back and must hold ``value`` at ``path``, else the line is rewritten whole by the standard
+    library's reader, which keeps every integer exact."""
+    written = orjson.dumps(internal)
+    replacement = orjson.dumps(value)
+    for sep in (b":", b": "):
+        pattern = b'"' + key + b'"' + sep + written
+        if line.count(pattern) == 1:
+            spliced = line.replace(pattern, b'"' + key + b'"' + sep + replacement)
+            try:
+                node: Any = orjson.loads(spliced)
+                for part in path:
+                    node = node[part]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                break
+            if node == value and type(node) is type(value):
+                return spliced
+            break
+    obj = json.loads(line)
+    target = obj
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
