@@ -55,6 +55,10 @@ def main() -> int:
         from tests.fuzz.fuzz_sse import check as check_sse
 
         check = check_sse
+    if target == "sessionless":
+        from tests.fuzz.fuzz_sessionless import check as check_sessionless
+
+        check = check_sessionless
     pool = [p.read_bytes() for p in sorted((CORPUS / target).iterdir())]
     deadline = time.monotonic() + seconds
     execs = 0

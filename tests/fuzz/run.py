@@ -38,6 +38,7 @@ TARGETS = {
     "urls": ("tests.fuzz.fuzz_urls", 2048),
     "addresses": ("tests.fuzz.fuzz_addresses", 512),
     "sse": ("tests.fuzz.fuzz_sse", 16384),
+    "sessionless": ("tests.fuzz.fuzz_sessionless", 4096),
 }
 
 _STATUS = re.compile(r"^#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+).*?exec/s: (\d+)", re.M)

@@ -55,7 +55,12 @@ def decode_header_value(value: str | None) -> str | None:
     is absent or its encoding is not exactly what an encoder writes (never a lenient reading)."""
     if value is None:
         return None
-    if not (value.startswith(_SENTINEL_HEAD) and value.endswith(_SENTINEL_TAIL)):
+    if not (
+        len(value) >= len(_SENTINEL_HEAD) + len(_SENTINEL_TAIL)
+        and value.startswith(_SENTINEL_HEAD)
+        and value.endswith(_SENTINEL_TAIL)
+    ):
+        # ("=?base64?=" is a plain value: its head and tail overlap, as the SDK's reader sees it)
         return value
     payload = value[len(_SENTINEL_HEAD) : -len(_SENTINEL_TAIL)]
     try:
