@@ -2,9 +2,11 @@
 
 One session sequential (p50/p99 per call) and pipelined (a window of POSTs in flight), and 100
 concurrent sessions (aggregate calls/s), each direct and through the gateway; the 100 sessions
-again through `visor serve --workers 2` (the gateway rows are `--workers 1`); and, in the same
-run, the stdio pipelined figure of `visor run` in front of the stdio echo server, which the
-100-session target is measured against. The client is raw aiohttp (no SDK), the same for every row.
+again through `visor serve --workers 2` (the gateway rows are `--workers 1`); the same rows for
+the gateway in front of the stdio echo server (`visor serve -- python -m visor.bench.echo_server`:
+the gateway's own path, without the upstream HTTP hop); and, in the same run, the stdio pipelined
+figure of `visor run` in front of the stdio echo server, which the 100-session target is measured
+against. The client is raw aiohttp (no SDK), the same for every row.
 
 Run: ``python -m visor.bench.http_rows [--quick] [--output FILE]``.
 """
@@ -134,13 +136,20 @@ def echo_server() -> Iterator[str]:
         _stop(proc)
 
 
+# The stdio echo server `visor run`'s rows use: the gateway's own path, with no upstream HTTP hop.
+STDIO_ECHO = [PY, "-m", "visor.bench.echo_server"]
+
+
 @contextmanager
-def gateway(upstream: str, tmp: Path, workers: int = 1) -> Iterator[str]:
+def gateway(upstream: str | list[str], tmp: Path, workers: int = 1) -> Iterator[str]:
+    """`visor serve` in front of `upstream`: an HTTP server's URL, or a stdio server's argv."""
     policy = tmp / "http-bench-policy.yaml"
     policy.write_text(POLICY)
+    kind = "url" if isinstance(upstream, str) else "stdio"
     args = [PY, "-m", "visor.cli", "serve", "--listen", "127.0.0.1:0", "--server-name", "bench"]
-    args += ["--policy", str(policy), "--audit-log", str(tmp / f"http-bench-audit-{workers}.jsonl")]
-    args += ["--max-sessions", "256", "--log-level", "warning", "--workers", str(workers), "--url", upstream]
+    args += ["--policy", str(policy), "--audit-log", str(tmp / f"http-bench-audit-{kind}-{workers}.jsonl")]
+    args += ["--max-sessions", "256", "--log-level", "warning", "--workers", str(workers)]
+    args += ["--url", upstream] if isinstance(upstream, str) else ["--", *upstream]
     env = {**os.environ, "VISOR_HOME": str(tmp / "home")}
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -298,15 +307,23 @@ def run(work: Work) -> dict[str, Any]:
                 through = asyncio.run(measure("through visor serve --url", url, work))
             with gateway(upstream, tmp, workers=2) as url:
                 workers_2 = asyncio.run(measure_sessions(url, work))
+        with gateway(STDIO_ECHO, tmp) as url:
+            own = asyncio.run(measure("through visor serve -- stdio", url, work))
+        with gateway(STDIO_ECHO, tmp, workers=2) as url:
+            own_workers_2 = asyncio.run(measure_sessions(url, work))
         stdio = asyncio.run(stdio_pipelined(tmp, work))
     added = through.seq_p50_us - direct.seq_p50_us
     return {
         "work": asdict(work),
         "fsync_us": fsync_us,
-        "rows": [asdict(direct), asdict(through)],
+        "rows": [asdict(direct), asdict(through), asdict(own)],
         "stdio_pipelined_calls_s": stdio,
         # The 100-session figure through the gateway by worker count (1: the row above).
         "sessions_calls_s_by_workers": {"1": through.sessions_calls_s, "2": workers_2},
+        "stdio_sessions_calls_s_by_workers": {"1": own.sessions_calls_s, "2": own_workers_2},
+        # The gateway in front of the stdio server, over direct HTTP to the HTTP echo server: the
+        # gateway's own path (aiohttp in, the session's relay, the fsync'd commit, routing back).
+        "own_path_added_p50_us": own.seq_p50_us - direct.seq_p50_us,
         "targets": {
             "added_p50_us": added,
             "added_p50_limit_us": fsync_us + 300,
@@ -333,6 +350,14 @@ def render(data: dict[str, Any]) -> str:
     lines.append(
         f"{w['sessions']} sessions through visor serve --url: --workers 1 {by_workers['1']:.0f} calls/s, "
         f"--workers 2 {by_workers['2']:.0f} calls/s"
+    )
+    by_workers = data["stdio_sessions_calls_s_by_workers"]
+    lines.append(
+        f"{w['sessions']} sessions through visor serve -- stdio: --workers 1 {by_workers['1']:.0f} calls/s, "
+        f"--workers 2 {by_workers['2']:.0f} calls/s"
+    )
+    lines.append(
+        f"the gateway's own path (serve -- stdio over direct HTTP), p50: +{data['own_path_added_p50_us']:.0f} µs"
     )
     t = data["targets"]
     lines.append(f"stdio visor run pipelined, same run: {data['stdio_pipelined_calls_s']:.0f} calls/s")

@@ -358,6 +358,31 @@ class ProcessLink(ServerLink):
             await upstream_mod.reap(up)
 
 
+@dataclass(frozen=True, slots=True)
+class ClientPort:
+    """A client in this process instead of behind two pipes: what `Relay.run_attached` connects
+    where `Relay.run` connects the client's stdin and stdout (the gateway's MCP sessions,
+    visor/serve/session.py). The client-side counterpart of `ServerLink`.
+
+    `input` stands where the client's stdin pipe would. The relay pauses, resumes and closes it
+    exactly as it does that pipe (the server's stdin full, too many messages held behind a call,
+    the client gone); it starts paused, and the relay resumes it once it can take bytes. The
+    client's bytes reach the relay through `Relay.client_data`, and its end through
+    `Relay.client_eof`, which the port's owner calls: data only while the input is not paused, the
+    end once. After the relay closed the input, neither (the relay sees its own close as the end of
+    the input, as with a pipe).
+
+    `output` stands where the client's stdout pipe would. The relay sets its protocol
+    (`set_protocol`) and writes whole lines to it; the transport calls that protocol's
+    `pause_writing` / `resume_writing` as its reader falls behind and catches up (the relay then
+    stops reading the server, as when the client's stdout pipe is full), and `connection_lost`
+    once it is closed (the relay closes it as the session ends).
+    """
+
+    input: asyncio.ReadTransport
+    output: asyncio.WriteTransport
+
+
 class Relay:
     """One `visor run` session between a client's pipes and a server's."""
 
@@ -627,20 +652,36 @@ class Relay:
     # ------------------------------------------------------------------ setup
     async def run(self, client_in_fd: int, client_out_fd: int) -> int:
         """Start the server, relay until both sides ended, and return the exit status."""
+        return await self._run((client_in_fd, client_out_fd))
+
+    async def run_attached(self, client: ClientPort) -> int:
+        """`run` for a client in this process (`ClientPort`): the same relay, the same ends."""
+        return await self._run(client)
+
+    def client_data(self, data: bytes) -> None:
+        """Bytes from a `ClientPort`'s client, as if read from its stdin."""
+        self._on_client_data(data)
+
+    def client_eof(self) -> None:
+        """A `ClientPort`'s client has no more to send, as if its stdin closed."""
+        self._on_client_eof()
+
+    async def _run(self, client: tuple[int, int] | ClientPort) -> int:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._server_eof = loop.create_future()
         try:
             server_in_fd, server_out_fd = await self.link.start()
         except BaseException:
-            # The relay never took the client's pipe ends: they are closed here.
-            os.close(client_in_fd)
-            os.close(client_out_fd)
+            if isinstance(client, tuple):
+                # The relay never took the client's pipe ends: they are closed here.
+                os.close(client[0])
+                os.close(client[1])
             await self.link.close()
             raise
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if self.handle_signals else ()
         try:
-            await self._connect(loop, server_in_fd, server_out_fd, client_in_fd, client_out_fd)
+            await self._connect(loop, server_in_fd, server_out_fd, client)
             if self.approvals is not None:
                 self.approvals.link = _ClientLink(self)
             if self.handle_signals:
@@ -659,10 +700,9 @@ class Relay:
         loop: asyncio.AbstractEventLoop,
         server_in_fd: int,
         server_out_fd: int,
-        client_in_fd: int,
-        client_out_fd: int,
+        client: tuple[int, int] | ClientPort,
     ) -> None:
-        for fd in (server_in_fd, server_out_fd, client_in_fd, client_out_fd):
+        for fd in (server_in_fd, server_out_fd, *(client if isinstance(client, tuple) else ())):
             _grow_pipe(fd)
         server_in_proto = _WriteProtocol(
             lambda: self._pause_client("server_stdin"),
@@ -678,7 +718,15 @@ class Relay:
         )
         client_out: asyncio.WriteTransport
         client_out_proto: _WriteProtocol | None = None
-        if not _pollable(client_out_fd):
+        if isinstance(client, ClientPort):
+            client_out = client.output
+            client_out_proto = _WriteProtocol(
+                lambda: self._pause_server("client_stdout"),
+                lambda: self._resume_server("client_stdout"),
+                self._on_client_gone,
+            )
+            client_out.set_protocol(client_out_proto)
+        elif not _pollable(client_out_fd := client[1]):
             log.info("client_stdout_not_a_pipe", kind=_fd_kind(client_out_fd))
             client_out = _FileWriteTransport(client_out_fd, self._on_client_gone)
         else:
@@ -697,7 +745,10 @@ class Relay:
             _Writer(loop, client_out),
         )
 
-        if not _pollable(client_in_fd):
+        if isinstance(client, ClientPort):
+            self._client_in = client.input
+            client.input.resume_reading()
+        elif not _pollable(client_in_fd := client[0]):
             log.info("client_stdin_not_a_pipe", kind=_fd_kind(client_in_fd))
             loop.create_task(self._read_file(client_in_fd))
         else:

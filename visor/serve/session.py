@@ -1,8 +1,9 @@
-"""One MCP session of the gateway: a relay behind a pair of pipes, and the routing of its output.
+"""One MCP session of the gateway: a relay attached in memory, and the routing of its output.
 
-The gateway writes each client message, already held to the wire rules, as one line into the
-relay's "stdin" pipe; the relay (the stdio driver, unchanged) judges it exactly as it judges a
-line from a stdio client. What the relay writes to its "stdout" pipe is framed here and routed:
+The gateway hands each client message, already held to the wire rules, as one line to the relay
+(`Relay.client_data`, through a `ClientPort`); the relay (the stdio driver, unchanged) judges it
+exactly as it judges a line from a stdio client. What the relay writes to its client output is
+framed here and routed as it is written:
 
 * a response goes to the HTTP request waiting for its id (the JSON-RPC id, type included);
 * a progress notification goes to the request that gave its `progressToken`;
@@ -10,6 +11,12 @@ line from a stdio client. What the relay writes to its "stdout" pipe is framed h
   recently opened and still waiting, else to the GET stream, else waits (bounded) for a GET
   stream to open. Over stdio nothing ties a server's request to the client request that caused
   it; the newest open request is the likeliest cause, and the SDK client takes either.
+
+There used to be two OS pipes here, one each way: every message then cost a write and a read
+system call and an event-loop turn more in each direction, in the same process. Flow control
+is what the pipes gave: the relay pauses its input (the server's stdin full, a backlog behind a
+held call) and `send` waits for room; the session pauses the relay's output while more than
+`_QUEUED_HIGH` messages wait for slow HTTP clients, and the relay then stops reading its server.
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -27,7 +33,7 @@ from typing import Any
 import orjson
 
 from visor.logs import get_logger
-from visor.relay.proxy import Relay
+from visor.relay.proxy import ClientPort, Relay
 from visor.wire.framer import Framer
 
 log = get_logger("visor.serve")
@@ -76,9 +82,19 @@ class McpSession:
         self._unrouted: collections.deque[bytes] = collections.deque(maxlen=_UNROUTED_KEEP)
         self._framer = Framer(max_message_bytes)
         self._on_end = on_end
-        self._to_relay: asyncio.StreamWriter | None = None
-        self._from_relay: asyncio.ReadTransport | None = None
+        self._input = _RelayInput(self)
+        self._output = _RelayOutput(self)
         self._task: asyncio.Task[int] | None = None
+        # The relay's input: whether it takes bytes now (it starts paused: not connected yet),
+        # what waits for it to (sent without waiting: a cancel), and how it ended.
+        self._reading = False
+        self._connected = False
+        self._held: collections.deque[bytes] = collections.deque()
+        self._room = asyncio.Event()
+        self._eof_wanted = False
+        self._eof_sent = False
+        self._input_closed = False
+        # The relay's output: paused while slow HTTP clients leave too many messages queued.
         self._paused = False
         self._relay_over = False
         self._output_over = False
@@ -88,18 +104,10 @@ class McpSession:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the relay (and with it the upstream) behind two pipes of ours."""
-        loop = asyncio.get_running_loop()
-        in_r, in_w = os.pipe()  # we write the client's messages into in_w, the relay reads in_r
-        out_r, out_w = os.pipe()  # the relay writes to out_w, we read out_r
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(in_w, "wb", 0)
+        """Start the relay (and with it the upstream), attached to this session."""
+        self._task = asyncio.get_running_loop().create_task(
+            self.relay.run_attached(ClientPort(self._input, self._output))
         )
-        self._to_relay = asyncio.StreamWriter(transport, protocol, None, loop)
-        self._from_relay, _ = await loop.connect_read_pipe(
-            lambda: _LineReader(self._on_data, self._on_eof), os.fdopen(out_r, "rb", 0)
-        )
-        self._task = loop.create_task(self.relay.run(in_r, out_w))
         self._task.add_done_callback(self._relay_done)
 
     def _relay_done(self, task: asyncio.Task[int]) -> None:
@@ -121,8 +129,10 @@ class McpSession:
         if not self.ended:
             self.ended = True
             self._on_end(self)
-        if self._to_relay is not None and not self._to_relay.is_closing():
-            self._to_relay.close()
+        # The relay is over: nothing more reaches it, and whoever waits for room hears so.
+        self._input_closed = True
+        self._held.clear()
+        self._room.set()
         for ex in list(self.exchanges.values()):
             ex.queue.put_nowait(ENDED)
         if self.get_stream is not None:
@@ -137,8 +147,7 @@ class McpSession:
         if not self.ended:
             self.ended = True
             self._on_end(self)
-        if self._to_relay is not None and not self._to_relay.is_closing():
-            self._to_relay.close()
+        self._end_input()
         task = self._task
         if task is not None and not task.done():
             try:
@@ -184,18 +193,77 @@ class McpSession:
 
     # ------------------------------------------------------------ to the relay
     async def send(self, line: bytes) -> None:
-        """One client message, already checked, as one line on the relay's input."""
-        writer = self._to_relay
-        if writer is None or writer.is_closing() or self.ended:
-            raise ConnectionError("the session has ended")
-        writer.write(line + b"\n")
-        await writer.drain()
+        """One client message, already checked, to the relay, once it takes input."""
+        while True:
+            if self.ended or self._input_closed or self._eof_wanted:
+                raise ConnectionError("the session has ended")
+            if self._reading and not self._held:
+                break
+            self._room.clear()
+            await self._room.wait()
+        self.relay.client_data(line + b"\n")
 
     def send_nowait(self, line: bytes) -> None:
-        """One line on the relay's input without waiting for room (a cancel, as its request ends)."""
-        writer = self._to_relay
-        if writer is not None and not writer.is_closing() and not self.ended:
-            writer.write(line + b"\n")
+        """One message to the relay without waiting for room (a cancel, as its request ends):
+        held, in order, while the relay's input is paused."""
+        if self.ended or self._input_closed or self._eof_wanted:
+            return
+        if self._reading and not self._held:
+            self.relay.client_data(line + b"\n")
+        else:
+            self._held.append(line)
+
+    def _end_input(self) -> None:
+        """The client's end, as a stdio client's closed stdin: after what is held, paused or not
+        (an end carries no data to hold back); at once if the relay is connected, else then."""
+        if self._eof_wanted or self._input_closed:
+            return
+        self._eof_wanted = True
+        self._room.set()
+        if self._connected:
+            self._release(force=True)
+
+    def _release(self, force: bool = False) -> None:
+        """Hand the relay what waited for it to read: held messages, then the end if asked."""
+        while self._held and (self._reading or force) and not self._input_closed:
+            self.relay.client_data(self._held.popleft() + b"\n")
+        if self._input_closed:
+            self._held.clear()
+        elif self._eof_wanted and not self._held and not self._eof_sent:
+            self._eof_sent = True
+            self.relay.client_eof()
+        if (self._reading and not self._held) or self._input_closed or self._eof_wanted:
+            self._room.set()
+
+    # The relay's calls on its input (`_RelayInput`), as on a stdin pipe.
+    def _input_paused(self) -> None:
+        self._reading = False
+
+    def _input_resumed(self) -> None:
+        self._reading = True
+        if not self._connected:
+            self._connected = True
+            if self._eof_wanted:
+                self._release(force=True)
+                return
+        if self._held:
+            # Not from inside the relay's own call: the held messages go on the next turn.
+            asyncio.get_running_loop().call_soon(self._release)
+        else:
+            self._room.set()
+
+    def _input_closed_by_relay(self) -> None:
+        # The relay closed its input (its client output was lost): as with a pipe, that close is
+        # the input's end, seen by the relay on the next turn.
+        self._input_closed = True
+        self._held.clear()
+        self._room.set()
+        asyncio.get_running_loop().call_soon(self._closed_input_ends)
+
+    def _closed_input_ends(self) -> None:
+        if not self._eof_sent and not self._relay_over and self._task is not None and not self._task.done():
+            self._eof_sent = True
+            self.relay.client_eof()
 
     def open_exchange(self, key: bytes, progress_token: Any) -> Exchange:
         ex = Exchange(key)
@@ -246,16 +314,14 @@ class McpSession:
             elif not isinstance(line, bytes):
                 # The relay writes only lines it framed itself: this is a bug, not an attack.
                 log.error("relay_output_refused", mcp_session=self.sid, frame=repr(line))
-        if self._queued() > _QUEUED_HIGH:
+        if not self._paused and self._queued() > _QUEUED_HIGH:
             self._paused = True
-            if self._from_relay is not None:
-                self._from_relay.pause_reading()
+            self._output.pause()
 
     def _maybe_resume(self) -> None:
         if self._paused and self._queued() <= _QUEUED_HIGH // 2:
             self._paused = False
-            if self._from_relay is not None and not self.ended:
-                self._from_relay.resume_reading()
+            self._output.resume()
 
     def _queued(self) -> int:
         waiting = sum(ex.queue.qsize() for ex in self.exchanges.values())
@@ -301,14 +367,88 @@ class McpSession:
             self._unrouted.append(line)
 
 
-class _LineReader(asyncio.Protocol):
-    def __init__(self, on_data: Callable[[bytes], None], on_eof: Callable[[], None]) -> None:
-        self._on_data = on_data
-        self._on_eof = on_eof
+class _RelayInput(asyncio.ReadTransport):
+    """Where a stdio client's stdin pipe would be: the relay pauses, resumes and closes it."""
 
-    def data_received(self, data: bytes) -> None:
-        self._on_data(data)
+    def __init__(self, session: McpSession) -> None:
+        super().__init__()
+        self._session = session
+        self._closing = False
 
-    def eof_received(self) -> bool:
-        self._on_eof()
+    def pause_reading(self) -> None:
+        self._session._input_paused()
+
+    def resume_reading(self) -> None:
+        if not self._closing:
+            self._session._input_resumed()
+
+    def is_reading(self) -> bool:
+        return self._session._reading
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._session._input_paused()
+            self._session._input_closed_by_relay()
+
+
+class _RelayOutput(asyncio.WriteTransport):
+    """Where a stdio client's stdout pipe would be: what the relay writes is framed and routed
+    at once; the "buffer" is the messages routed and not yet taken by their HTTP requests."""
+
+    def __init__(self, session: McpSession) -> None:
+        super().__init__()
+        self._session = session
+        self._protocol: asyncio.BaseProtocol | None = None
+        self._closing = False
+        self._paused = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._closing:
+            self._session._on_data(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        if not self._closing:
+            self._session._on_data(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def can_write_eof(self) -> bool:
         return False
+
+    def get_write_buffer_size(self) -> int:
+        return self._session._queued()
+
+    def pause(self) -> None:
+        if not self._paused and not self._closing and isinstance(self._protocol, asyncio.Protocol):
+            self._paused = True
+            self._protocol.pause_writing()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if not self._closing and isinstance(self._protocol, asyncio.Protocol):
+                self._protocol.resume_writing()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._session._on_eof()
+        if self._protocol is not None:
+            # As a pipe transport does: the protocol hears of the close on the next turn.
+            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        self.close()
