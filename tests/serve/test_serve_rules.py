@@ -230,3 +230,41 @@ def test_bad_options_are_refused_at_start_with_the_reason(tmp_path: Path) -> Non
     blocker.write_text("")
     proc = start("--audit-log", str(tmp_path / "a.jsonl"), "--approval-dir", str(blocker), "--", "true")
     assert proc.returncode == 1 and "approval directory refused" in proc.stderr, proc.stderr
+
+
+def test_a_routing_or_identifying_header_given_twice_is_refused(tmp_path: Path) -> None:
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    pids = tmp_path / "pids"
+    with serve(tmp_path, stdio_upstream(pids)) as gw:
+        sid = initialize(gw.url)
+        parts = urlsplit(gw.url)
+        body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).encode()
+        for name, values in [
+            ("Mcp-Session-Id", [sid, "another"]),
+            ("Mcp-Session-Id", [sid, sid]),
+            ("Authorization", ["Bearer a", "Bearer b"]),
+            ("MCP-Protocol-Version", ["2025-11-25", "2025-11-25"]),
+            ("Origin", [f"http://{parts.hostname}:{parts.port}", "https://evil.example"]),
+        ]:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+            try:
+                conn.putrequest("POST", parts.path)
+                conn.putheader("Content-Type", "application/json")
+                conn.putheader("Accept", "application/json, text/event-stream")
+                conn.putheader("Content-Length", str(len(body)))
+                if name != "Mcp-Session-Id":
+                    conn.putheader("Mcp-Session-Id", sid)
+                for value in values:
+                    conn.putheader(name, value)
+                conn.endheaders(body)
+                reply = conn.getresponse()
+                answer = json.loads(reply.read())
+            finally:
+                conn.close()
+            assert reply.status == 400, (name, reply.status, answer)
+            assert "more than once" in answer["error"]["message"]
+        # Once each, the same request is served.
+        assert post(gw.url, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid).status == 200

@@ -46,6 +46,11 @@ _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # `visor serve --workers`: a request for another worker's session is answered by that worker
 # (visor/serve/workers.py); None means "serve it here".
 Forwarder = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+# Headers that route or identify a request: each may appear once.
+_SINGLE_HEADERS = (
+    SESSION_HEADER, VERSION_HEADER, "Mcp-Method", "Mcp-Name", "Authorization", "Last-Event-ID",
+    "Content-Type", "Origin", "Host",
+)  # fmt: skip
 # Ended session ids remembered against re-adoption while the store learns they ended.
 _ENDED_KEEP = 4096
 
@@ -359,6 +364,11 @@ class Gateway:
         return response
 
     async def _mcp(self, request: web.Request) -> web.StreamResponse:
+        repeated = next((h for h in _SINGLE_HEADERS if len(request.headers.getall(h, ())) > 1), None)
+        if repeated is not None:
+            # Readers differ on a repeated header (the first, the last, or all joined by commas):
+            # a router and Visor could each route or judge by another value. Refused, not guessed.
+            return _error(400, errors.INVALID_REQUEST, f"Bad Request: {repeated} header given more than once")
         refused = self._refuse_origin_or_auth(request)
         if refused is not None:
             return refused
