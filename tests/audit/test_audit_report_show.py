@@ -1,4 +1,5 @@
 import argparse
+import hashlib
 import sys
 import types
 
@@ -150,3 +151,25 @@ def test_fsync_probe(tmp_path):
     seconds = fsync_latency_probe(tmp_path, samples=3)
     assert seconds > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reloaded_policy_counts_as_one_the_sessions_ran_under(tmp_path):
+    from visor.audit import events
+
+    first, second = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    first.write_text('version: "1.0"\ndefault_action: deny\n')
+    second.write_text('version: "1.0"\ndefault_action: allow\n')
+    sha = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (first, second)}
+    path = tmp_path / "audit.jsonl"
+    w = AuditWriter.open(path, session="sess-reload")
+    w.append(events.session_start("mail", "mail-server", sha[first]))
+    w.append(events.policy_load(str(first), sha[first]))
+    w.append(events.policy_reload(source=str(second), previous=sha[first], policy=None, ok=False, error="x"))
+    only_one = build_report([path], policy_from_log=True)
+    assert "Policy reloads: 0 put in force, 1 refused" in only_one
+    assert f"sha256 `{sha[first]}`" in only_one  # a refused reload changed nothing
+    w.append(events.policy_reload(source=str(second), previous=sha[first], policy=sha[second], ok=True))
+    w.close_sync()
+    pack = build_report([path], policy_from_log=True)
+    assert "Policy reloads: 1 put in force, 1 refused" in pack
+    assert "ran under 2 different policies" in pack

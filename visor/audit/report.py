@@ -373,10 +373,14 @@ _NOT_COVERED = (
 
 
 def policies_in_log(recs: Iterable[dict[str, Any]]) -> dict[str, str]:
-    """sha256 -> source ("<default>" or a path) of every policy the sessions in `recs` loaded."""
+    """sha256 -> source ("<default>" or a path) of every policy the sessions in `recs` loaded,
+    at start or by a reload that was put in force (SIGHUP, --watch-policy)."""
     found: dict[str, str] = {}
     for r in recs:
-        if r.get("event") == "policy_load" and isinstance(r.get("policy"), str):
+        event = r.get("event")
+        if event == "policy_reload" and r.get("ok") is not True:
+            continue
+        if event in ("policy_load", "policy_reload") and isinstance(r.get("policy"), str):
             found[r["policy"]] = str(r.get("source", ""))
     return found
 
@@ -470,6 +474,13 @@ def build_report(
     if recs:
         stamps = sorted(str(r.get("ts", "")) for r in recs)
         lines.append(f"- First and last record: {md(stamps[0])} to {md(stamps[-1])}")
+    reloads = [r for r in recs if r.get("event") == "policy_reload"]
+    if reloads:
+        refused = sum(1 for r in reloads if r.get("ok") is not True)
+        lines.append(
+            f"- Policy reloads: {len(reloads) - refused} put in force, {refused} refused "
+            "(the old policy stayed in force)"
+        )
     verdict = "verifies" if all(c.ok for c in reports) else "DOES NOT VERIFY"
     lines.append(f"- Chain integrity (whole log, not only the window): {verdict}")
     for c in reports:
