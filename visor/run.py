@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from visor import logs
-from visor.core.checks import Checks, PolicyChecks
+from visor.core.passthrough import Checks
 from visor.relay import loop as event_loop
 from visor.relay.proxy import Relay, RelayConfig
 from visor.relay.reload import PolicySource
@@ -25,6 +25,7 @@ from visor.relay.upstream import SpawnError
 if TYPE_CHECKING:
     from visor.approval.broker import ApprovalBroker
     from visor.audit.writer import AuditWriter
+    from visor.core.checks import PolicyChecks
     from visor.groups.index import GroupIndex
     from visor.telemetry.driver import DriverTelemetry
 
@@ -225,6 +226,7 @@ class _Checked:
 def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
     from visor.audit.signing import signer_from_args
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
+    from visor.core.checks import PolicyChecks
     from visor.pinfile import read_pins, write_pins
     from visor.policy.loader import PolicyError, load_default_policy, load_policy
     from visor.session import SessionState
@@ -339,8 +341,8 @@ def _join_group(args: argparse.Namespace, policy: Any) -> GroupIndex | None:
 
 def _listing_timeout() -> float:
     """How long a call made before any listing waits for Visor's own tools/list
-    (``VISOR_TOOLS_LIST_TIMEOUT`` seconds, default visor.core.checks.LISTING_TIMEOUT_SECONDS)."""
-    from visor.core.checks import LISTING_TIMEOUT_SECONDS
+    (``VISOR_TOOLS_LIST_TIMEOUT`` seconds, default visor.core.passthrough.LISTING_TIMEOUT_SECONDS)."""
+    from visor.core.passthrough import LISTING_TIMEOUT_SECONDS
 
     raw = os.environ.get("VISOR_TOOLS_LIST_TIMEOUT")
     if not raw:
@@ -385,7 +387,7 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     from visor.approval.directory import default_dir
     from visor.approval.protected import Protected, signing_key_dir, signing_key_files
     from visor.audit.paths import audit_dir, visor_home
-    from visor.install.configs import home_dir, protected_config_paths
+    from visor.install.locations import home_dir, protected_config_paths
 
     # $VISOR_HOME/approved: destinations a human approved with "remember"
     dirs = [default_dir(), audit_dir(), visor_home() / "approved"]

@@ -7,8 +7,9 @@ bytes), `Answer` (send these bytes to the client; the server sees nothing),
 this question to a human first). Nothing here waits: records are emitted as
 actions, and the core comes back with `on_committed`, `on_approval`, ...
 
-`Checks` itself passes everything (`visor run --no-checks`); `PolicyChecks`
-is the only place where a decision, an approval and an audit record meet.
+`Checks` itself passes everything (`visor run --no-checks`; it lives in
+visor/core/passthrough.py, with the verdicts); `PolicyChecks` is the only
+place where a decision, an approval and an audit record meet.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from visor.approval.model import arguments_digest, focus_arguments, make_request, remember_scope
@@ -25,6 +25,15 @@ from visor.audit import events
 from visor.core.calls import Approval, CallContext
 from visor.core.events import Action, Announce, AppendRecord, SaveApprovals, SavePins
 from visor.core.guard import DENIED_REQUEST, DataGuard, Refuse, RequestVerdict
+
+# Re-exported: the core, the drivers and the tests name them from here.
+from visor.core.passthrough import LISTING_TIMEOUT_SECONDS as LISTING_TIMEOUT_SECONDS
+from visor.core.passthrough import Answer as Answer
+from visor.core.passthrough import AwaitCommit as AwaitCommit
+from visor.core.passthrough import AwaitHuman as AwaitHuman
+from visor.core.passthrough import Checks as Checks
+from visor.core.passthrough import Forward as Forward
+from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
 from visor.policy import attestation, readings
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
@@ -33,7 +42,7 @@ from visor.wire import errors
 
 if TYPE_CHECKING:
     from visor.approval.broker import ApprovalBroker, Outcome
-    from visor.approval.model import ApprovalAnswer, ApprovalRequest
+    from visor.approval.model import ApprovalAnswer
     from visor.core.calls import ToolCallState
     from visor.policy.schema import Policy
     from visor.session import SessionEvent, SessionState
@@ -43,49 +52,9 @@ if TYPE_CHECKING:
 LOGGER = "visor.gate"
 log = get_logger(LOGGER)
 
-# A tools/call that comes before any listing waits for Visor's own tools/list
-# (every page) for at most this long; no answer or an error denies it.
-LISTING_TIMEOUT_SECONDS = 15.0
-
 # A call with several questions (two unknown recipients) is asked about each in
 # turn; past this many rounds it is denied rather than asked forever.
 _MAX_APPROVAL_ROUNDS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Relay `line` to the server now (in its place in line)."""
-
-    line: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """Send `line` to the client; the server sees nothing."""
-
-    line: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class AwaitCommit:
-    """Append `record` durably, then `after`; relay `line` once the fsync covering `record` returned."""
-
-    record: dict[str, Any]
-    line: bytes
-    after: tuple[dict[str, Any], ...]
-    started: float
-
-
-@dataclass(frozen=True, slots=True)
-class AwaitHuman:
-    """Put `request` to a human; the answer comes back through `Checks.on_approval`."""
-
-    approval: Approval
-    request: ApprovalRequest
-    out_of_band_only: bool
-
-
-Verdict = Forward | Answer | AwaitCommit | AwaitHuman
 
 
 def denial_text(decision: Decision) -> str:
@@ -94,100 +63,6 @@ def denial_text(decision: Decision) -> str:
 
 def _ignore(action: Action) -> None:
     """Where a `Checks` sends records before a core attaches it: nowhere."""
-
-
-class Checks:
-    """Forwards every valid call unchanged: the relay's behaviour with no checks at all."""
-
-    def attach(self, emit: Callable[[Action], None]) -> None:
-        """Where records and notices go: the core's list of actions for the event being handled."""
-
-    def start(self) -> None:
-        """The session begins (records its start)."""
-
-    def needs_listing(self) -> bool:
-        """Whether a tools/call now must wait for Visor's own tools/list (nothing is pinned)."""
-        return False
-
-    def on_tool_call(self, msg: Message, ctx: CallContext) -> Verdict:
-        return Forward(msg.raw)
-
-    def on_listing_page(self, result: dict[str, Any], cursor: Any) -> None:
-        """One page of Visor's own tools/list."""
-
-    def on_listing_failed(self, msg: Message, ctx: CallContext, failure: str) -> Answer:
-        """A call that waited for Visor's tools/list, which failed: its denial."""
-        return Answer(
-            errors.tool_error_result(msg.id, f"Visor denied this call: {failure}", modern=ctx.modern)
-        )
-
-    def on_call_failed(self, msg: Message, ctx: CallContext, reason: str) -> Answer:
-        """A step of judging the call raised: its denial (`internal.error`)."""
-        return Answer(
-            errors.tool_error_result(msg.id, "Visor denied this call: internal error", modern=ctx.modern)
-        )
-
-    def on_commit_failed(self, call: ToolCallState, error: str) -> Answer:
-        text = f"Visor denied this call: the audit log cannot be written ({error})"
-        return Answer(errors.tool_error_result(call.msg.id, text, modern=call.ctx.modern))
-
-    def on_approval(self, approval: Approval, outcome: Outcome, ctx: CallContext) -> Verdict:
-        """A human's answer (or why there is none) to the question `approval` asked last."""
-        return Answer(errors.tool_error_result(approval.msg.id, "Visor denied this call", modern=ctx.modern))
-
-    def on_cancelled(self, call: ToolCallState, *, closing: bool) -> None:
-        """`call` was withdrawn before any verdict (the client cancelled it, or the session ended)."""
-
-    def on_withdrawn(self, call: ToolCallState) -> None:
-        """An allowed call was cancelled by the client before it was relayed; it never ran."""
-
-    def on_tool_result(self, call: ToolCallState | None, tool: str | None, response: Message) -> bytes | None:
-        """Observe a server's answer to a tools/call; return replacement bytes or None."""
-        return None
-
-    def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
-        return None
-
-    def on_client_request(self, msg: Message) -> RequestVerdict:
-        """A resources/read, resources/subscribe or prompts/get: `Refuse`, `Rewrite` or None (relay it)."""
-        return None
-
-    def on_response(self, method: str, response: Message) -> bytes | None:
-        """A resources/read, prompts/get or tasks/result answer: replacement bytes or None."""
-        return None
-
-    def on_server_request(self, msg: Message) -> bytes | None:
-        """A request from the server: an error line to send back to it (refused), or None (relay it)."""
-        return None
-
-    def rewrite_server_request(self, msg: Message) -> bytes | None:
-        """A relayed server request as the client may see it, or None to relay it unchanged."""
-        return None
-
-    def on_server_info(self, info: dict[str, Any]) -> None:
-        """The server said who it is (initialize or server/discover)."""
-
-    def on_reject(
-        self,
-        direction: str,
-        reason: str,
-        rejected: Rejected | None,
-        *,
-        size: int | None = None,
-        digest: str | None = None,
-    ) -> None:
-        """A wire-level refusal in either direction: `size` and `digest` (SHA-256) of the refused line."""
-
-    def on_close(self) -> None:
-        """The session is over (after every held call was withdrawn)."""
-
-    def on_policy_reload(self, policy: Policy) -> None:
-        """A new policy, loaded and validated: put it in force (between two events)."""
-        log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
-
-    def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:
-        """A reload whose policy could not be loaded: the one in force stays."""
-        log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
 
 
 # What a running session was measured as at launch, for an attested server entry:

@@ -21,7 +21,6 @@ Error codes Visor answers with (docs/policy.md, "Beyond tools/call"):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -29,6 +28,11 @@ import orjson
 from visor import redact
 from visor.audit import events
 from visor.core.events import Action, Announce, AppendRecord
+
+# Re-exported: the core and PolicyChecks name them from here.
+from visor.core.passthrough import Refuse as Refuse
+from visor.core.passthrough import RequestVerdict as RequestVerdict
+from visor.core.passthrough import Rewrite as Rewrite
 from visor.logs import get_logger
 from visor.policy.requests import (
     SERVER_REQUEST_KEYS,
@@ -52,23 +56,6 @@ log = get_logger(LOGGER)
 
 DENIED_REQUEST = errors.INVALID_PARAMS
 DENIED_SERVER_REQUEST = errors.INVALID_REQUEST
-
-
-@dataclass(frozen=True, slots=True)
-class Refuse:
-    """Answer the client with `line`; the server never sees the request."""
-
-    line: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Rewrite:
-    """Send `line` to the server in place of the request (secrets in it redacted)."""
-
-    line: bytes
-
-
-RequestVerdict = Refuse | Rewrite | None
 
 
 def _rewrite(obj: dict[str, Any], key: str, value: Any) -> bytes:

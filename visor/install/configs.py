@@ -27,6 +27,12 @@ from visor.http.headers import RESERVED as RESERVED_HEADERS
 from visor.http.target import UrlError, check_url, display_url
 from visor.install.jsonc import Document, JsoncError, Member, Node, parse
 
+# Re-exported: `visor init` and `visor doctor` name them from here.
+from visor.install.locations import Location as Location
+from visor.install.locations import home_dir as home_dir
+from visor.install.locations import known_locations as known_locations
+from visor.install.locations import protected_config_paths as protected_config_paths
+
 UPSTREAM_KEY = "x-visor-upstream"
 _REMOTE_TYPES = frozenset({"http", "sse", "streamable-http", "streamablehttp", "ws", "websocket"})
 
@@ -866,51 +872,3 @@ def wrapped_run_args(entry: Mapping[str, object]) -> tuple[list[str], list[str]]
         return args, []
     i = args.index("--")
     return args[:i], args[i + 1 :]
-
-
-# ------------------------------------------------------------- locations
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    client: str
-    path: Path
-
-
-def known_locations(home: Path, cwd: Path) -> list[Location]:
-    """Where the usual clients keep their MCP configs (user-wide, then this project)."""
-    return [
-        Location("Claude Code (user and local scope)", home / ".claude.json"),
-        Location("Claude Code (project)", cwd / ".mcp.json"),
-        Location(
-            "Claude Desktop (macOS)",
-            home / "Library" / "Application Support" / "Claude" / "claude_desktop_config.json",
-        ),
-        Location("Claude Desktop (Linux)", home / ".config" / "Claude" / "claude_desktop_config.json"),
-        Location("Cursor (user)", home / ".cursor" / "mcp.json"),
-        Location("Cursor (project)", cwd / ".cursor" / "mcp.json"),
-        Location("VS Code (workspace)", cwd / ".vscode" / "mcp.json"),
-    ]
-
-
-def protected_config_paths(home: Path, cwd: Path) -> list[Path]:
-    """Every client config that decides whether Visor is in the chain: the ones
-    `visor init` edits and the others clients read MCP servers from. A tool
-    that could write one would take Visor out of the next session."""
-    extra = [
-        home / ".config" / "Code" / "User" / "settings.json",
-        home / ".config" / "Code" / "User" / "mcp.json",
-        home / "Library" / "Application Support" / "Code" / "User" / "settings.json",
-        home / "Library" / "Application Support" / "Code" / "User" / "mcp.json",
-        home / ".codeium" / "windsurf" / "mcp_config.json",
-        home / ".gemini" / "settings.json",
-        home / ".codex" / "config.toml",
-        cwd / ".vscode" / "settings.json",
-        cwd / ".gemini" / "settings.json",
-    ]
-    return [loc.path for loc in known_locations(home, cwd)] + extra
-
-
-def home_dir() -> Path:
-    # HOME first, so that tests (and users with a redirected HOME) decide.
-    return Path(os.environ.get("HOME") or Path.home())

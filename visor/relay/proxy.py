@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from visor.approval.model import new_rpc_id
-from visor.audit.writer import AuditUnhealthy
-from visor.core.checks import LISTING_TIMEOUT_SECONDS, Checks
 from visor.core.events import (
     Action,
     Announce,
@@ -63,6 +61,7 @@ from visor.core.events import (
     VisorRequest,
     WithdrawApproval,
 )
+from visor.core.passthrough import LISTING_TIMEOUT_SECONDS, Checks
 from visor.core.session import CoreConfig, SessionCore
 from visor.logs import get_logger
 from visor.relay import upstream as upstream_mod
@@ -416,6 +415,13 @@ class Relay:
         self.checks = checks
         # `audit` and `approvals` are also what visor.watch.announce reads.
         self.audit = audit
+        # What a failed append raises; the audit writer's module is imported only with an audit log
+        # (`--no-checks` has none).
+        self._append_errors: tuple[type[Exception], ...] = (ValueError,)
+        if audit is not None:
+            from visor.audit.writer import AuditUnhealthy
+
+            self._append_errors = (AuditUnhealthy, ValueError)
         self.approvals = approvals
         self._pin_saver = pin_saver
         self._approvals_saver = approvals_saver
@@ -552,7 +558,7 @@ class Relay:
             return
         try:
             self.audit.append(event)
-        except (AuditUnhealthy, ValueError) as exc:
+        except self._append_errors as exc:
             # Later allows fail on their own commit; a lost non-allow record is logged.
             gate_log.error("audit_append_failed", error=str(exc), audit_event=event.get("event"))
 
