@@ -165,9 +165,11 @@ def test_a_reloaded_policy_counts_as_one_the_sessions_ran_under(tmp_path):
     w.append(events.session_start("mail", "mail-server", sha[first]))
     w.append(events.policy_load(str(first), sha[first]))
     w.append(events.policy_reload(source=str(second), previous=sha[first], policy=None, ok=False, error="x"))
+    w.close_sync()  # (the writer's thread has written every record)
     only_one = build_report([path], policy_from_log=True)
     assert "Policy reloads: 0 put in force, 1 refused" in only_one
     assert f"sha256 `{sha[first]}`" in only_one  # a refused reload changed nothing
+    w = AuditWriter.open(path, session="sess-reload")
     w.append(events.policy_reload(source=str(second), previous=sha[first], policy=sha[second], ok=True))
     w.close_sync()
     pack = build_report([path], policy_from_log=True)
