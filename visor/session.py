@@ -182,6 +182,23 @@ class SessionState:
         self._effective: dict[str, Effective] = {}
         self._reselect_packs()
 
+    def rebind(self, policy: Policy, identity: str | None = None) -> None:
+        """Judge by ``policy`` from now on (a reload), keeping the session's state: pins, history,
+        budgets, taints, provenance and approvals. These are the members ``__init__`` derives from
+        its policy; the provenance index's size and tracing are fixed at start (a reload that
+        changes them is refused before it gets here). ``identity``: the one given at start, which
+        a policy's default does not replace."""
+        self.policy = policy
+        self.server_entry = policy.server(self.server)
+        self.identity = identity if identity is not None else policy.settings.identity
+        # History already trimmed to the old window stays trimmed; it never shrinks on a reload,
+        # so that switching back and forth (an approval's own policy) loses nothing.
+        window = max([policy.settings.chain_window_size, *(c.within_calls or 0 for c in policy.tool_chains)])
+        self._history_cap = max(self._history_cap, window)
+        # Packs are selected again from the pins, and every resolved entry is resolved again.
+        self._effective.clear()
+        self._reselect_packs()
+
     # ------------------------------------------------------------ resolution
 
     def _reselect_packs(self) -> None:

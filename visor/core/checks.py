@@ -83,22 +83,6 @@ def _traces_output(policy: Policy) -> bool:
     )
 
 
-def _rebind_session(session: SessionState, policy: Policy, identity: str | None) -> None:
-    """Point `session` at `policy`, keeping its state (pins, history, budgets, taints, provenance,
-    approvals). These are the members SessionState.__init__ derives from its policy; the
-    provenance index's size and tracing are fixed at start (a reload that changes them is refused)."""
-    session.policy = policy
-    session.server_entry = policy.server(session.server)
-    session.identity = identity if identity is not None else policy.settings.identity
-    # History already trimmed to the old window stays trimmed; it never shrinks on a reload,
-    # so that switching back and forth (an approval's own policy) loses nothing.
-    window = max([policy.settings.chain_window_size, *(c.within_calls or 0 for c in policy.tool_chains)])
-    session._history_cap = max(session._history_cap, window)
-    # Packs are selected again from the pins, and every resolved entry is resolved again.
-    session._effective.clear()
-    session._reselect_packs()
-
-
 class PolicyChecks(Checks):
     """Decide with the policy; an allow is relayed only once its record is durable."""
 
@@ -755,7 +739,7 @@ class PolicyChecks(Checks):
     def _bind(self, policy: Policy) -> None:
         self.policy = policy
         self.guard.rebind(policy)
-        _rebind_session(self.session, policy, self._fixed_identity)
+        self.session.rebind(policy, self._fixed_identity)
 
     @contextlib.contextmanager
     def _under(self, policy: Policy) -> Iterator[None]:
