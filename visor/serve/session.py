@@ -90,6 +90,10 @@ class McpSession:
         self._reading = False
         self._connected = False
         self._held: collections.deque[bytes] = collections.deque()
+        # Messages taken this turn, handed to the relay together on the next: one core event and
+        # one audit hand-off for a window of pipelined requests, as one read of a pipe gave.
+        self._outbox: list[bytes] = []
+        self._outbox_scheduled = False
         self._room = asyncio.Event()
         self._eof_wanted = False
         self._eof_sent = False
@@ -132,6 +136,7 @@ class McpSession:
         # The relay is over: nothing more reaches it, and whoever waits for room hears so.
         self._input_closed = True
         self._held.clear()
+        self._outbox.clear()
         self._room.set()
         for ex in list(self.exchanges.values()):
             ex.queue.put_nowait(ENDED)
@@ -193,7 +198,8 @@ class McpSession:
 
     # ------------------------------------------------------------ to the relay
     async def send(self, line: bytes) -> None:
-        """One client message, already checked, to the relay, once it takes input."""
+        """One client message, already checked, to the relay once it takes input (handed over on
+        the next turn of the loop, with the others of this turn)."""
         while True:
             if self.ended or self._input_closed or self._eof_wanted:
                 raise ConnectionError("the session has ended")
@@ -201,7 +207,7 @@ class McpSession:
                 break
             self._room.clear()
             await self._room.wait()
-        self.relay.client_data(line + b"\n")
+        self._post(line)
 
     def send_nowait(self, line: bytes) -> None:
         """One message to the relay without waiting for room (a cancel, as its request ends):
@@ -209,9 +215,23 @@ class McpSession:
         if self.ended or self._input_closed or self._eof_wanted:
             return
         if self._reading and not self._held:
-            self.relay.client_data(line + b"\n")
+            self._post(line)
         else:
             self._held.append(line)
+
+    def _post(self, line: bytes) -> None:
+        self._outbox.append(line)
+        self._outbox.append(b"\n")
+        if not self._outbox_scheduled:
+            self._outbox_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_outbox)
+
+    def _flush_outbox(self) -> None:
+        self._outbox_scheduled = False
+        if self._outbox and not self._input_closed and not self._eof_sent:
+            data = b"".join(self._outbox)
+            self._outbox.clear()
+            self.relay.client_data(data)
 
     def _end_input(self) -> None:
         """The client's end, as a stdio client's closed stdin: after what is held, paused or not
@@ -225,6 +245,7 @@ class McpSession:
 
     def _release(self, force: bool = False) -> None:
         """Hand the relay what waited for it to read: held messages, then the end if asked."""
+        self._flush_outbox()
         while self._held and (self._reading or force) and not self._input_closed:
             self.relay.client_data(self._held.popleft() + b"\n")
         if self._input_closed:
