@@ -23,6 +23,7 @@ from visor.policy.schema import Policy, ServerPolicy
 if TYPE_CHECKING:
     from visor.groups.index import GroupIndex
     from visor.policy.evaluate import Decision, ToolCall
+    from visor.policy.facts import ProtectedFacts
 
 PIN_FORMAT = 2
 #: Format of the remembered-destinations file (``export_approvals``).
@@ -141,6 +142,8 @@ class SessionState:
         self.tool_calls: dict[str, int] = {}
         # The shared store counting this session's calls for every replica (visor serve --state).
         self.ledger: CallLedger | None = None
+        # Visor's own files, which no call may name: the evaluator's first check (set by the checks).
+        self.protected: ProtectedFacts | None = None
         self.taints: set[str] = set()
         # provenance
         # Where a key was first seen is recorded only when some question can

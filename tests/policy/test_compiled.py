@@ -60,7 +60,7 @@ def test_a_loaded_policy_carries_the_checks_that_can_fire_in_the_decision_order(
 def test_the_default_policy_skips_what_it_has_no_rules_for() -> None:
     names = _names(load_default_policy())
     assert "tool_chains" not in names and "rules.arguments" not in names
-    assert names[:3] == ["pin.server", "pin.tool", "limits.argument_size"]
+    assert names[:4] == ["visor.protected_path", "pin.server", "pin.tool", "limits.argument_size"]
 
 
 def test_each_policy_has_its_own_memo_and_the_chain_fires_through_it() -> None:

@@ -73,6 +73,24 @@ class Protected:
     def __bool__(self) -> bool:
         return bool(self.dirs or self.files)
 
+    def named_in_any_reading(self, value: dict[str, object]) -> str | None:
+        """The string that names a protected location under any reading of ``value`` (JSON
+        inside strings included, as a server that decodes them reads it), or None. Arguments
+        nested too deeply for every reading to be known name one, by definition (fail closed)."""
+        if not self:
+            return None
+        named = self.named_by(value)
+        if named is None:
+            from visor.policy import readings
+
+            try:
+                decoded = readings.every_decoding(value)
+            except readings.AmbiguousJson:
+                return "(arguments nested too deeply to check)"
+            if decoded is not None:
+                named = self.named_by(decoded)
+        return named
+
     def named_by(self, arguments: object) -> str | None:
         """The first argument string that names a protected location, or None."""
         cwd = os.getcwd()

@@ -35,7 +35,7 @@ from visor.core.passthrough import Checks as Checks
 from visor.core.passthrough import Forward as Forward
 from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
-from visor.policy import attestation, readings
+from visor.policy import attestation
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
 from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
@@ -109,6 +109,8 @@ class PolicyChecks(Checks):
         # Visor's own files (approval directory, audit log, pins, policy): no call may name them.
         self.protected = protected or Protected()
         self.session = session
+        # The evaluator's first check reads them from the session (visor.protected_path).
+        session.protected = self.protected if self.protected else None
         # How long the last evaluation of a client's call took (telemetry takes and clears it).
         self.evaluation_seconds: float | None = None
         self.audit_session = audit_session
@@ -163,17 +165,8 @@ class PolicyChecks(Checks):
             decision = Decision(
                 "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
             )
-        named = self._names_protected(msg.arguments)
         # The policy saw the original arguments; from here on (audit, server) only redacted ones.
         msg = self.guard.redact_call(msg)
-        if named is not None:
-            # Above any policy: an answer file written by a tool is the agent approving itself.
-            decision = Decision(
-                "deny",
-                "visor.protected_path",
-                "an argument names Visor's own files (approval directory, audit log, pins or policy); "
-                "no tool call may read or write them",
-            )
         if decision.action == "allow":
             return self._allow(msg, call, decision, ctx, conflicts=stale_ok)
         if decision.action == "ask":
@@ -196,19 +189,9 @@ class PolicyChecks(Checks):
         return self._deny(self.guard.redact_call(msg), Decision("deny", "internal.error", reason), ctx)
 
     def _names_protected(self, value: dict[str, Any]) -> str | None:
-        """The string that names Visor's own files under any reading of ``value``
-        (JSON inside strings included, as a server that decodes them reads it)."""
-        if not self.protected:
-            return None
-        named = self.protected.named_by(value)
-        if named is None:
-            try:
-                decoded = readings.every_decoding(value)
-            except readings.AmbiguousJson:
-                return "(arguments nested too deeply to check)"
-            if decoded is not None:
-                named = self.protected.named_by(decoded)
-        return named
+        """The string that names Visor's own files under any reading of ``value`` (a tool call's
+        arguments are checked by the evaluator's first check; this is for the other requests)."""
+        return self.protected.named_in_any_reading(value)
 
     def _deny(self, msg: Message, decision: Decision, ctx: CallContext) -> Answer:
         self._record(msg, "deny", decision)

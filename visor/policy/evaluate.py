@@ -96,6 +96,22 @@ Check = Callable[[_Ctx], "Decision | None"]
 # ------------------------------------------------------------------ 2. pins
 
 
+PROTECTED_PATH_REASON = (
+    "an argument names Visor's own files (approval directory, audit log, pins or policy); "
+    "no tool call may read or write them"
+)
+
+
+def check_protected_paths(c: _Ctx) -> Decision | None:
+    """Above any policy: a call that names Visor's own files (an answer file written by a tool
+    is the agent approving itself). The one check that reads the file system: it resolves each
+    path as the server would, so a renamed directory or a hard link is still itself."""
+    protected = c.session.protected
+    if protected is None or protected.named_in_any_reading(c.call.arguments) is None:
+        return None
+    return _deny("visor.protected_path", PROTECTED_PATH_REASON)
+
+
 def check_attestation(c: _Ctx) -> Decision | None:
     """A server entry that pins an invocation digest (``attestation:``) gets
     no call through unless `visor run` measured the same digest at start-up
@@ -661,6 +677,7 @@ def check_approval(c: _Ctx) -> Decision | None:
 
 #: The decision order. Names are stable: tests and docs refer to them.
 CHECKS: tuple[tuple[str, Check], ...] = (
+    ("visor.protected_path", check_protected_paths),
     ("attestation", check_attestation),
     ("pin.server", check_server_pin),
     ("pin.tool", check_tool_pin),
