@@ -36,15 +36,6 @@ import orjson
 
 from visor.approval.model import VISOR_ID_PREFIX, is_visor_rpc_id, new_rpc_id
 from visor.core.calls import CallContext, Slot, Stage, ToolCallState
-from visor.core.checks import (
-    LISTING_TIMEOUT_SECONDS,
-    Answer,
-    AwaitCommit,
-    AwaitHuman,
-    Checks,
-    Forward,
-    Verdict,
-)
 from visor.core.digests import LineDigests
 from visor.core.events import (
     Action,
@@ -78,7 +69,17 @@ from visor.core.events import (
     VisorRequest,
     WithdrawApproval,
 )
-from visor.core.guard import Refuse, Rewrite
+from visor.core.passthrough import (
+    LISTING_TIMEOUT_SECONDS,
+    Answer,
+    AwaitCommit,
+    AwaitHuman,
+    Checks,
+    Forward,
+    Refuse,
+    Rewrite,
+    Verdict,
+)
 from visor.logs import get_logger
 from visor.wire import errors
 from visor.wire.framer import Framer, Oversize, Truncated
