@@ -110,3 +110,10 @@ def test_a_session_in_a_group_imports_only_what_the_group_needs(tmp_path: Path) 
     # the group store is there when it is used: the test sees what a session imports
     assert {"sqlite3", "visor.groups.index"} <= modules
     assert _imported(modules, _NEVER) == []
+
+
+def test_a_session_without_checks_never_imports_the_policy_package(tmp_path: Path) -> None:
+    # --no-checks relays under the wire rules alone: nothing of the policy, its YAML or its readers.
+    modules = _session_modules(tmp_path, ["--no-checks", "--audit-log", str(tmp_path / "audit.jsonl")])
+    assert "visor.core.passthrough" in modules
+    assert _imported(modules, ("visor.policy", "yaml", "visor.core.checks")) == []
