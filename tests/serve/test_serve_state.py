@@ -123,7 +123,7 @@ def test_a_session_continued_on_another_replica_keeps_budget_provenance_and_pins
     b_records = b.records()
     adopted = [r for r in b_records if r["event"] == "session_adopted"]
     assert len(adopted) == 1 and adopted[0]["mcp_session"] == sid and adopted[0]["calls_total"] == 3
-    assert adopted[0]["pins"] == 3
+    assert adopted[0]["pins"] == 4  # every tool the mailbox lists
     denies = {r["rule"] for r in b_records if r["event"] == "deny"}
     assert "budget.max_calls" in denies and "provenance.untrusted_output" in denies
     # Every call an upstream received has its allow record in one replica's log.
