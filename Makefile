@@ -69,7 +69,7 @@ test: $(STAMP) $(NODE_SERVER) go-toolchain services conformance-tools
 	$(BIN)/ruff check visor tests
 	$(BIN)/ruff format --check visor tests
 	$(BIN)/python -m mypy $(MYPY_PATHS)
-	$(BIN)/python -m pytest -q --ignore=tests/eval
+	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/eval
 
 # The demo needs Visor and its runtime dependencies only, not the test extras.
 demo:
