@@ -648,7 +648,15 @@ def _conversation(c: Cluster, *, state: bool) -> None:
     counts, inbox, send, after = _run(main)
     assert [bool(x.is_error) for x in counts] == [False, False, False, True], [_text(x) for x in counts]
     assert MALLORY in inbox and send.is_error, _text(send)
-    records = [(r, rec) for r in c.replicas for rec in r.records() if rec["event"] in ("allow", "deny")]
+    # A deny is answered at once and written by the audit thread just after (only allows wait
+    # for their record): read the logs once the denies the client saw are all there.
+    want = 4 if state else 2
+    deadline = time.monotonic() + 30
+    while True:
+        records = [(r, rec) for r in c.replicas for rec in r.records() if rec["event"] in ("allow", "deny")]
+        if sum(rec["event"] == "deny" for _, rec in records) >= want or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     # One conversation (no session id); before any kill, every call of it on one replica.
     assert len({rec["mcp_session"] for _, rec in records}) == 1, records
     rules = [rec["rule"] for _, rec in records if rec["event"] == "deny"]
