@@ -557,6 +557,7 @@ class Gateway:
             token = meta.get("progressToken") if isinstance(meta, dict) else None
             restore = _as_is
         ex = session.open_exchange(id_key(rpc_id), token)
+        streamed = False
         try:
             first = await self._send_and_wait(session, ex, line)
             if first is ENDED:
@@ -569,43 +570,70 @@ class Gateway:
                     first
                 )
             # Something came before the answer (progress, a server's request): stream them all.
-            response = web.StreamResponse(
-                headers={
-                    **headers,
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Accel-Buffering": "no",
-                }
-            )
+            # On 2025-11-25 each event has an id, so a client whose stream breaks can resume it.
+            resumable = renamed is None
+            if resumable:
+                session.new_stream(ex)
+            response = web.StreamResponse(headers={**headers, **_SSE_HEADERS})
             await response.prepare(request)
-            out = first
-            answered = False
-            try:
-                while True:
-                    await response.write(b"event: message\ndata: " + out + b"\n\n")
-                    if _is_response(out):
-                        answered = _is_result(out)
-                        break
-                    out = await ex.queue.get()
-                    session.delivered()
-                    if out is ENDED:
-                        break
-                    out = restore(out)
-                await response.write_eof()
-            except ConnectionResetError:
-                # On 2025-11-25 a client going away is not a cancellation (the call runs on).
-                log.info("stream_closed_by_client", mcp_session=session.sid)
+            streamed = True
+            answered = await self._stream(response, session, ex, [first], restore, resumable)
+            if answered is None:
                 if renamed is not None:
                     session.send_nowait(renamed.cancellation("the client closed the request's stream"))
+                return response, False
             return response, answered
         except asyncio.CancelledError:
             # The client went away while the request waited (aiohttp cancels the handler). On
-            # 2026-07-28 that is how a request is cancelled: the relay is told, as a cancel.
+            # 2026-07-28 that is how a request is cancelled: the relay is told, as a cancel; on
+            # 2025-11-25 a stream that already gave event ids waits to be resumed.
             if renamed is not None:
                 session.send_nowait(renamed.cancellation("the client closed the request's stream"))
+            elif streamed:
+                session.detach(ex)
             raise
         finally:
-            session.close_exchange(ex)
+            if ex.detached is None:
+                session.close_exchange(ex)
+
+    async def _stream(
+        self,
+        response: web.StreamResponse,
+        session: McpSession,
+        ex: Exchange,
+        pending: list[bytes],
+        restore: Callable[[bytes], bytes],
+        resumable: bool,
+    ) -> bool | None:
+        """Write a request's events until its answer: True when it was a result, False when
+        the session ended first, None when the client went away (the stream is then detached
+        for resuming, if `resumable`)."""
+        try:
+            for out in pending:
+                await response.write(
+                    ex.event(out) if resumable else b"event: message\ndata: " + out + b"\n\n"
+                )
+                if _is_response(out):
+                    await response.write_eof()
+                    return _is_result(out)
+            while True:
+                out = await ex.queue.get()
+                session.delivered()
+                if out is ENDED:
+                    await response.write_eof()
+                    return False
+                out = restore(out)
+                await response.write(
+                    ex.event(out) if resumable else b"event: message\ndata: " + out + b"\n\n"
+                )
+                if _is_response(out):
+                    await response.write_eof()
+                    return _is_result(out)
+        except ConnectionResetError:
+            log.info("stream_closed_by_client", mcp_session=session.sid)
+            if resumable:
+                session.detach(ex)
+            return None
 
     # ------------------------------------------------------------ 2026-07-28: no session
     async def _sessionless(self, request: web.Request, msg: Message) -> web.StreamResponse:
@@ -714,6 +742,11 @@ class Gateway:
         if isinstance(found, web.Response):
             return found
         session = found
+        last_event_id = request.headers.get("Last-Event-ID")
+        if last_event_id is not None:
+            resumed = session.resume(last_event_id)
+            if resumed is not None:
+                return await self._resume(request, session, *resumed)
         ex = session.open_get_stream()
         if ex is None:
             return _error(409, errors.INVALID_REQUEST, "Conflict: this session's GET stream is already open")
@@ -739,6 +772,32 @@ class Gateway:
             return response
         finally:
             session.close_get_stream(ex)
+
+    async def _resume(
+        self, request: web.Request, session: McpSession, ex: Exchange, replay: list[bytes]
+    ) -> web.StreamResponse:
+        """A request's stream resumed (GET with the Last-Event-ID of one of its events): the events
+        the client missed, then the rest of them up to the answer, on this stream."""
+        log.info("stream_resumed", mcp_session=session.sid, stream=ex.stream, replayed=len(replay))
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            for event in replay:
+                await response.write(event)
+            if any(_is_response(_event_data(e)) for e in replay):
+                await response.write_eof()
+                return response
+            await self._stream(response, session, ex, [], _as_is, True)
+            return response
+        except asyncio.CancelledError:
+            session.detach(ex)
+            raise
+        except ConnectionResetError:
+            session.detach(ex)
+            return response
+        finally:
+            if ex.detached is None:
+                session.close_exchange(ex)
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
         found = await self._session_for(request)
@@ -774,6 +833,14 @@ def _claims_modern(msg: Message) -> bool:
     meta = params.get("_meta") if isinstance(params, dict) else None
     version = meta.get(VERSION_KEY) if isinstance(meta, dict) else None
     return type(version) is str and version in errors.MODERN_PROTOCOL_VERSIONS
+
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _event_data(event: bytes) -> bytes:
+    """The message of one event Visor wrote (`id:`, `event:`, then one `data:` line)."""
+    return event.rsplit(b"\ndata: ", 1)[1].rstrip(b"\n")
 
 
 def _as_is(line: bytes) -> bytes:

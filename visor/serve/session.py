@@ -86,13 +86,41 @@ class Inbox:
         return not self._items
 
 
+# Events of one request's stream kept for a client that reconnects with Last-Event-ID.
+_SENT_KEEP = 256
+# How long a request whose stream broke before its answer waits for the client to resume it.
+RESUME_GRACE_S = 120.0
+
+
 @dataclass(slots=True, eq=False)
 class Exchange:
-    """One HTTP request's wait: the messages routed to it, the last being its response."""
+    """One HTTP request's wait: the messages routed to it, the last being its response.
+
+    Once its answer goes out as an event stream, the stream has a number and each event an id
+    `STREAM.N` (`sent` keeps the last ones), so that a client whose stream broke can resume it."""
 
     key: bytes
     queue: Inbox = field(default_factory=Inbox)
     progress_token: bytes | None = None
+    stream: int = 0
+    sent: collections.deque[tuple[int, bytes]] = field(
+        default_factory=lambda: collections.deque(maxlen=_SENT_KEEP)
+    )
+    seq: int = 0
+    detached: asyncio.TimerHandle | None = None
+
+    def event(self, line: bytes) -> bytes:
+        """`line` as the next event of this stream, with its id."""
+        self.seq += 1
+        self.sent.append((self.seq, line))
+        return b"id: %d.%d\nevent: message\ndata: %s\n\n" % (self.stream, self.seq, line)
+
+    def replay_after(self, seq: int) -> list[bytes] | None:
+        """The events after `seq`, or None when they are no longer all kept."""
+        kept = [(n, line) for n, line in self.sent if n > seq]
+        if seq < self.seq and (not kept or kept[0][0] != seq + 1):
+            return None
+        return [b"id: %d.%d\nevent: message\ndata: %s\n\n" % (self.stream, n, line) for n, line in kept]
 
 
 def id_key(value: Any) -> bytes:
@@ -118,6 +146,8 @@ class McpSession:
         self.exchanges: dict[bytes, Exchange] = {}
         self._by_token: dict[bytes, Exchange] = {}
         self.get_stream: Exchange | None = None
+        self._stream_count = 0
+        self._detached: dict[int, Exchange] = {}
         self._unrouted: collections.deque[bytes] = collections.deque(maxlen=_UNROUTED_KEEP)
         self._framer = Framer(max_message_bytes)
         self._on_end = on_end
@@ -181,6 +211,11 @@ class McpSession:
             ex.queue.put_nowait(ENDED)
         if self.get_stream is not None:
             self.get_stream.queue.put_nowait(ENDED)
+        for ex in list(self._detached.values()):  # nobody will resume a stream of an ended session
+            if ex.detached is not None:
+                ex.detached.cancel()
+            self.close_exchange(ex)
+        self._detached.clear()
 
     async def end(self, grace: float) -> None:
         """End the session as a stdio client would: EOF on the relay's input, then wait for it.
@@ -344,6 +379,44 @@ class McpSession:
             del self._by_token[ex.progress_token]
         self.last_active = time.monotonic()
         self._maybe_resume()
+
+    def new_stream(self, ex: Exchange) -> None:
+        """Number `ex`'s event stream (a stream's events carry its number in their ids)."""
+        self._stream_count += 1
+        ex.stream = self._stream_count
+
+    def detach(self, ex: Exchange) -> None:
+        """`ex`'s stream broke before its answer: keep routing to it for a while, for the client to
+        resume it with Last-Event-ID (its call runs on: on 2025-11-25 that is no cancellation)."""
+        if ex.detached is not None or self.exchanges.get(ex.key) is not ex:
+            return
+        self._detached[ex.stream] = ex
+        ex.detached = asyncio.get_running_loop().call_later(RESUME_GRACE_S, self._give_up, ex)
+        log.info("stream_detached", mcp_session=self.sid, stream=ex.stream)
+
+    def _give_up(self, ex: Exchange) -> None:
+        if self._detached.get(ex.stream) is ex:
+            del self._detached[ex.stream]
+            log.info("stream_not_resumed", mcp_session=self.sid, stream=ex.stream)
+            self.close_exchange(ex)
+
+    def resume(self, last_event_id: str) -> tuple[Exchange, list[bytes]] | None:
+        """The detached request stream `last_event_id` names, and the events the client missed;
+        None when there is none to resume (the id is another stream's, unknown, or too old)."""
+        stream, dot, seq = last_event_id.partition(".")
+        if not (dot and stream.isdigit() and seq.isdigit() and len(stream) < 12 and len(seq) < 12):
+            return None
+        ex = self._detached.get(int(stream))
+        if ex is None:
+            return None
+        replay = ex.replay_after(int(seq))
+        if replay is None:
+            return None
+        del self._detached[ex.stream]
+        if ex.detached is not None:
+            ex.detached.cancel()
+            ex.detached = None
+        return ex, replay
 
     def open_get_stream(self) -> Exchange | None:
         if self.get_stream is not None:
