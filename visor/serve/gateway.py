@@ -16,7 +16,7 @@ import hmac
 import ipaddress
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -278,7 +278,17 @@ class Gateway:
     async def _adopt(self, sid: str, request: web.Request) -> McpSession | web.Response:
         """A session this replica does not hold: continue it from the shared store, once (the
         requests for it that arrive meanwhile wait for the same adoption)."""
-        task = self._adopting.get(sid)
+        authorization = request.headers.get("Authorization")
+        return await self._once(self._adopting, sid, lambda: self._adopt_once(sid, authorization))
+
+    async def _once(
+        self,
+        opening: dict[str, asyncio.Task[McpSession | web.Response]],
+        key: str,
+        start: Callable[[], Coroutine[Any, Any, McpSession | web.Response]],
+    ) -> McpSession | web.Response:
+        """Open the session `key` once: requests that arrive meanwhile wait for the same start."""
+        task = opening.get(key)
         if task is None:
             if self._open_count() >= self.config.max_sessions:
                 return _error(
@@ -287,12 +297,10 @@ class Gateway:
                     "Service Unavailable: too many sessions",
                     headers={"Retry-After": "5"},
                 )
-            task = asyncio.get_running_loop().create_task(
-                self._adopt_once(sid, request.headers.get("Authorization"))
-            )
-            self._adopting[sid] = task
-            task.add_done_callback(lambda _t: self._adopting.pop(sid, None))
-        # Shielded: a client that goes away must not leave a half-adopted session nobody can end.
+            task = asyncio.get_running_loop().create_task(start())
+            opening[key] = task
+            task.add_done_callback(lambda _t: opening.pop(key, None))
+        # Shielded: a client that goes away must not leave a half-opened session nobody can end.
         return await asyncio.shield(task)
 
     async def _adopt_once(self, sid: str, authorization: str | None) -> McpSession | web.Response:
@@ -658,21 +666,10 @@ class Gateway:
         session = self.conversations.get(key)
         if session is not None and not session.ended:
             return session
-        task = self._opening_conversation.get(key)
-        if task is None:
-            if self._open_count() >= self.config.max_sessions:
-                return _error(
-                    503,
-                    errors.INTERNAL_ERROR,
-                    "Service Unavailable: too many sessions",
-                    headers={"Retry-After": "5"},
-                )
-            task = asyncio.get_running_loop().create_task(
-                self._open_conversation(key, request.headers.get("Authorization"))
-            )
-            self._opening_conversation[key] = task
-            task.add_done_callback(lambda _t: self._opening_conversation.pop(key, None))
-        return await asyncio.shield(task)
+        authorization = request.headers.get("Authorization")
+        return await self._once(
+            self._opening_conversation, key, lambda: self._open_conversation(key, authorization)
+        )
 
     async def _open_conversation(self, key: str, authorization: str | None) -> McpSession | web.Response:
         adoption = None
