@@ -18,6 +18,26 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 SDK_SERVER = ROOT / "tests" / "servers" / "sdk_server.py"
 HTTP_SDK_SERVER = ROOT / "tests" / "http" / "http_sdk_server.py"
+# tests/servers/mailbox.py, and a policy for it: a budget of three pings, a send whose address
+# must not come from the inbox (the shared-state and 2026-07-28 tests).
+MAILBOX = ROOT / "tests" / "servers" / "mailbox.py"
+MAIL_POLICY = """
+version: "1.0"
+default_action: deny
+servers:
+  - name: "mail"
+    allowed: true
+    tools:
+      - name: read_inbox
+        allowed: true
+      - name: send_email
+        allowed: true
+        exfiltrating: true
+        sink_params: ["to"]
+      - name: ping
+        allowed: true
+        max_calls: 3
+"""
 READY = "visor serve: listening on "
 
 ACCEPT_BOTH = "application/json, text/event-stream"

@@ -19,10 +19,9 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.serve.serve_proc import ROOT, http, post, serve, stdio_upstream
+from tests.serve.serve_proc import MAIL_POLICY, MAILBOX, http, post, serve, stdio_upstream
 from tests.state.redis_server import MISSING, RedisServer
 
-MAILBOX = ROOT / "tests" / "servers" / "mailbox.py"
 MODERN = "2026-07-28"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
@@ -43,23 +42,6 @@ servers:
         allowed: true
       - name: "fail"
         allowed: false
-"""
-MAIL_POLICY = """
-version: "1.0"
-default_action: deny
-servers:
-  - name: "mail"
-    allowed: true
-    tools:
-      - name: read_inbox
-        allowed: true
-      - name: send_email
-        allowed: true
-        exfiltrating: true
-        sink_params: ["to"]
-      - name: ping
-        allowed: true
-        max_calls: 3
 """
 
 

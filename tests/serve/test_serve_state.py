@@ -15,29 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.serve.serve_proc import ROOT, initialize, post, serve
+from tests.serve.serve_proc import MAIL_POLICY, MAILBOX, initialize, post, serve
 from tests.state.redis_server import MISSING, RedisServer
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason=MISSING)
-
-MAILBOX = ROOT / "tests" / "servers" / "mailbox.py"
-POLICY = """
-version: "1.0"
-default_action: deny
-servers:
-  - name: "mail"
-    allowed: true
-    tools:
-      - name: read_inbox
-        allowed: true
-      - name: send_email
-        allowed: true
-        exfiltrating: true
-        sink_params: ["to"]
-      - name: ping
-        allowed: true
-        max_calls: 3
-"""
 
 
 @pytest.fixture
@@ -59,7 +40,7 @@ def _replica(tmp_path: Path, name: str, store: str, log: Path) -> Any:
         folder,
         [sys.executable, str(MAILBOX)],
         "--state", store, "--server-name", "mail", "--replica-id", name,
-        policy=POLICY,
+        policy=MAIL_POLICY,
         env={"MAILBOX_LOG": str(log)},
     )  # fmt: skip
 
