@@ -107,3 +107,39 @@ def test_no_pin_file_and_refusal_when_visor_is_not_on_path(tmp_path: Path) -> No
     assert ok.returncode == 0, ok.stderr
     assert _entry(path)["command"] == str(VISOR_EXE)
     assert "--pin-file" not in _entry(path)["args"]
+
+
+def test_init_writes_a_signing_key_that_loads_and_keeps_it_on_a_rerun(tmp_path: Path) -> None:
+    path = tmp_path / ".mcp.json"
+    path.write_text(CONFIG)
+    keys = tmp_path / "keys"
+    made = visor("audit", "keygen", "--out", str(keys))
+    assert made.returncode == 0, made.stderr
+    key = keys / "audit-signing.key"
+    # A key the wrapped servers could not load is refused, and nothing is written.
+    loose = tmp_path / "loose.key"
+    loose.write_bytes(key.read_bytes())
+    loose.chmod(0o644)
+    refused = visor("init", "--config", str(path), "--yes", "--signing-key", str(loose))
+    assert refused.returncode == 1
+    assert "signing key does not load" in refused.stderr and "chmod 600" in refused.stderr
+    assert path.read_text() == CONFIG
+    public = visor("init", "--config", str(path), "--yes", "--signing-key", str(keys / "audit-signing.pub"))
+    assert public.returncode == 1 and "public key" in public.stderr
+
+    first = visor("init", "--config", str(path), "--yes", "--signing-key", str(key))
+    assert first.returncode == 0, first.stderr
+    opts = _opts(_entry(path))
+    assert opts[opts.index("--signing-key") + 1] == str(key)
+    # A later run that changes something else keeps the key.
+    policy = tmp_path / "time.yaml"
+    policy.write_text(POLICY)
+    second = visor("init", "--config", str(path), "--yes", "--policy", str(policy))
+    assert second.returncode == 0, second.stderr
+    opts = _opts(_entry(path))
+    assert opts[opts.index("--signing-key") + 1] == str(key) and "--policy" in opts
+    # And `visor run` takes the options as written.
+    from visor.cli import build_parser
+
+    parsed = build_parser().parse_args(_entry(path)["args"])
+    assert parsed.signing_key == str(key)

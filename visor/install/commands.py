@@ -42,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="ask for approvals through pending files in DIR (answer with `visor approve`)",
     )
     init.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="sign each wrapped server's audit log with this Ed25519 private key "
+        "(`visor audit keygen`; written as an absolute path)",
+    )
+    init.add_argument(
         "--no-pin-file",
         action="store_true",
         help="do not keep tool pins across restarts (default: $VISOR_HOME/pins/NAME.json per server)",

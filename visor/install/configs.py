@@ -382,6 +382,7 @@ class WrapOptions:
     approval_dir: str | None = None  # absolute path
     pin_dir: str | None = None  # absolute path: each server's pins in PIN_DIR/<name>.json
     pin_path: str | None = None  # an entry's own pin file, kept as it was written
+    signing_key: str | None = None  # absolute path: the audit log's Ed25519 signing key
 
     def pin_file(self, name: str) -> str | None:
         if self.pin_path:
@@ -404,11 +405,13 @@ def visor_args(
         pin = options.pin_file(name)
         if pin:
             args += ["--pin-file", pin]
+        if options.signing_key:
+            args += ["--signing-key", options.signing_key]
     return [*args, "--", *upstream]
 
 
 # `visor run` options `visor init` writes, and so may rewrite on a later run.
-MANAGED_OPTIONS = ("--server-name", "--policy", "--approval-dir", "--pin-file")
+MANAGED_OPTIONS = ("--server-name", "--policy", "--approval-dir", "--pin-file", "--signing-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +423,20 @@ class Update:
     approval_dir: str | None = None
     pin_dir: str | None = None
     no_pin_file: bool = False
+    signing_key: str | None = None
 
     @property
     def any(self) -> bool:
-        return any((self.visor_command, self.policy, self.approval_dir, self.pin_dir, self.no_pin_file))
+        return any(
+            (
+                self.visor_command,
+                self.policy,
+                self.approval_dir,
+                self.pin_dir,
+                self.no_pin_file,
+                self.signing_key,
+            )
+        )
 
 
 def current_options(entry: Mapping[str, object]) -> tuple[dict[str, str], list[str]] | None:
@@ -488,6 +501,7 @@ def _updated_options(e: Entry, update: Update) -> tuple[WrapOptions | None, str]
         approval_dir=update.approval_dir or managed.get("--approval-dir"),
         pin_dir=None if update.no_pin_file else update.pin_dir,
         pin_path=keep_pin,
+        signing_key=update.signing_key or managed.get("--signing-key"),
     )
     return options, ""
 

@@ -342,15 +342,32 @@ def _wrap_options(
         command = "visor"
     approval_dir = os.path.abspath(os.path.expanduser(args.approval_dir)) if args.approval_dir else None
     pin_dir = None if args.no_pin_file else str(pins_dir().absolute())
-    options = WrapOptions(command, policy_path, approval_dir, pin_dir)
+    signing_key = _checked_signing_key(args.signing_key) if getattr(args, "signing_key", None) else None
+    options = WrapOptions(command, policy_path, approval_dir, pin_dir, signing_key=signing_key)
     # What a re-run changes in entries it wrapped before: only what was asked for.
     update = Update(
         visor_command=command if args.absolute else None,
         policy=policy_path,
         approval_dir=approval_dir,
         no_pin_file=args.no_pin_file,
+        signing_key=signing_key,
     )
     return options, path_warning(args.absolute, on_path, executable), loaded, update
+
+
+def _checked_signing_key(given: str) -> str:
+    """The signing key's absolute path, once it loads as `visor run` will load it: a key the
+    wrapped servers could not use would stop every one of them from starting."""
+    from visor.audit.signing import SigningError, load_signer
+
+    path = os.path.abspath(os.path.expanduser(given))
+    try:
+        load_signer(path, every=1, seconds=0)
+    except SigningError as exc:
+        raise ConfigError(
+            f"the signing key does not load, so wrapped servers would not start: {exc}"
+        ) from None
+    return path
 
 
 def run_list() -> int:
