@@ -86,9 +86,10 @@ def test_bench_progress_goes_to_stderr(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     # The visor runs it measured kept their group stores in its own scratch folder, not the user's.
-    assert not (tmp_path / "home").exists()
+    home = tmp_path / "home"
+    assert not home.exists(), sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     steps = [ln for ln in result.stderr.splitlines() if ln.startswith("visor bench: [")]
-    assert steps and steps[0].startswith("visor bench: [1/") and "direct" in steps[0]
+    assert steps and steps[0].startswith("visor bench: [1/") and "direct" in steps[0], result.stderr
     done, total = steps[-1].removeprefix("visor bench: [").split("]")[0].split("/")
-    assert done == total and len(steps) == int(total)
-    assert "visor bench: [" not in result.stdout and "direct" in result.stdout
+    assert done == total and len(steps) == int(total), result.stderr
+    assert "visor bench: [" not in result.stdout and "direct" in result.stdout, result.stdout
