@@ -572,11 +572,9 @@ class Gateway:
                 return _error(
                     502, errors.INTERNAL_ERROR, "the session ended before the answer", rpc_id=msg.id
                 ), False
-            first = restore(first)
-            if _is_response(first):
-                return web.Response(body=first, content_type="application/json", headers=headers), _is_result(
-                    first
-                )
+            if first is ex.answer:
+                body = restore(first)
+                return web.Response(body=body, content_type="application/json", headers=headers), ex.answer_ok
             # Something came before the answer (progress, a server's request): stream them all.
             # On 2025-11-25 each event has an id, so a client whose stream breaks can resume it.
             resumable = renamed is None
@@ -616,27 +614,25 @@ class Gateway:
         """Write a request's events until its answer: True when it was a result, False when
         the session ended first, None when the client went away (the stream is then detached
         for resuming, if `resumable`)."""
+        # `pending` and the queue hold the lines as the session routed them: the answer is the one
+        # the routing marked (`ex.answer`), so no line is parsed again here.
         try:
-            for out in pending:
-                await response.write(
-                    ex.event(out) if resumable else b"event: message\ndata: " + out + b"\n\n"
-                )
-                if _is_response(out):
-                    await response.write_eof()
-                    return _is_result(out)
+            queued = iter(pending)
             while True:
-                out = await ex.queue.get()
-                session.delivered()
-                if out is ENDED:
-                    await response.write_eof()
-                    return False
-                out = restore(out)
+                raw = next(queued, None)
+                if raw is None:
+                    raw = await ex.queue.get()
+                    session.delivered()
+                    if raw is ENDED:
+                        await response.write_eof()
+                        return False
+                out = restore(raw)
                 await response.write(
                     ex.event(out) if resumable else b"event: message\ndata: " + out + b"\n\n"
                 )
-                if _is_response(out):
+                if raw is ex.answer:
                     await response.write_eof()
-                    return _is_result(out)
+                    return ex.answer_ok
         except ConnectionResetError:
             log.info("stream_closed_by_client", mcp_session=session.sid)
             if resumable:
@@ -781,7 +777,7 @@ class Gateway:
             await response.prepare(request)
             for event in replay:
                 await response.write(event)
-            if any(_is_response(_event_data(e)) for e in replay):
+            if ex.sent and ex.sent[-1][1] is ex.answer:  # the answer went out before the break
                 await response.write_eof()
                 return response
             await self._stream(response, session, ex, [], _as_is, True)
@@ -835,26 +831,5 @@ def _claims_modern(msg: Message) -> bool:
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _event_data(event: bytes) -> bytes:
-    """The message of one event Visor wrote (`id:`, `event:`, then one `data:` line)."""
-    return event.rsplit(b"\ndata: ", 1)[1].rstrip(b"\n")
-
-
 def _as_is(line: bytes) -> bytes:
     return line
-
-
-def _is_result(line: bytes) -> bool:
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and "result" in obj
-
-
-def _is_response(line: bytes) -> bool:
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and "method" not in obj

@@ -108,6 +108,10 @@ class Exchange:
     )
     seq: int = 0
     detached: asyncio.TimerHandle | None = None
+    # The response line routed here, as routed (identity marks it), and whether it is a result:
+    # read once by the routing, which parses every line anyway.
+    answer: bytes | None = None
+    answer_ok: bool = False
 
     def event(self, line: bytes) -> bytes:
         """`line` as the next event of this stream, with its id."""
@@ -482,6 +486,7 @@ class McpSession:
                 # Its request's HTTP exchange is gone (the client disconnected): nowhere to deliver.
                 log.warning("response_without_waiting_request", mcp_session=self.sid, id=obj.get("id"))
                 return
+            ex.answer, ex.answer_ok = line, "result" in obj
             ex.queue.put_nowait(line)
             return
         if method == "notifications/progress" and "id" not in obj:

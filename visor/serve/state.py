@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 log = get_logger("visor.serve")
 
-STATE_SCHEMES = ("redis", "rediss", "unix")
 #: What a 2026-07-28 conversation records where a session records its client's `initialize`
 #: (that revision has none): nothing to replay to a new upstream.
 CONVERSATION_MARK = b'{"visor":"conversation without initialize (2026-07-28)"}'
@@ -42,17 +41,6 @@ DEFAULT_TTL_SECONDS = 1800.0
 
 class StateOptionError(ValueError):
     """`--state` names something Visor cannot use: the message says what."""
-
-
-def check_url(url: str) -> str:
-    """The `--state` URL, refused unless it names a Redis/Valkey server Visor can reach by URL."""
-    scheme = urlsplit(url).scheme.lower()
-    if scheme not in STATE_SCHEMES:
-        raise StateOptionError(
-            f"--state {url.split('@')[-1]!r}: expected redis://HOST:PORT/DB, rediss://... or unix:///PATH "
-            "(a Redis or Valkey server)"
-        )
-    return url
 
 
 def replica_name() -> str:
@@ -82,7 +70,7 @@ class SharedState:
         from visor.state.connection import StateConfigError, connect
         from visor.state.ledger import SessionLedger
 
-        self.url = check_url(url)
+        self.url = url
         self.prefix = prefix
         self.ttl_seconds = ttl_seconds
         self.owner = replica_name()
