@@ -65,7 +65,9 @@ _MESSAGES = [
 ]
 
 
-def _session_modules(tmp_path: Path, options: list[str]) -> set[str]:
+def _session_modules(
+    tmp_path: Path, options: list[str], arguments: dict[str, object] | None = None
+) -> set[str]:
     """The modules a `visor run OPTIONS` session had imported when it exited."""
     out = tmp_path / "modules.txt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -76,7 +78,7 @@ def _session_modules(tmp_path: Path, options: list[str]) -> set[str]:
     )
     proc = subprocess.run(
         [sys.executable, "-c", _RECORD_MODULES, "run", *options, "--", sys.executable, str(RECORDER)],
-        input=b"".join(json.dumps(m).encode() + b"\n" for m in _MESSAGES),
+        input=b"".join(json.dumps(m).encode() + b"\n" for m in _messages(arguments)),
         capture_output=True,
         env=env,
         timeout=120,
@@ -86,6 +88,13 @@ def _session_modules(tmp_path: Path, options: list[str]) -> set[str]:
     assert [a.get("id") for a in answers] == [1, 2, 3], answers
     assert "tools" in answers[1]["result"] and "result" in answers[2], answers
     return set(out.read_text().split())
+
+
+def _messages(arguments: dict[str, object] | None) -> list[dict[str, object]]:
+    if arguments is None:
+        return _MESSAGES
+    call = {**_MESSAGES[-1], "params": {"name": "echo", "arguments": arguments}}
+    return [*_MESSAGES[:-1], call]
 
 
 def _imported(modules: set[str], names: tuple[str, ...]) -> list[str]:
@@ -117,3 +126,18 @@ def test_a_session_without_checks_never_imports_the_policy_package(tmp_path: Pat
     modules = _session_modules(tmp_path, ["--no-checks", "--audit-log", str(tmp_path / "audit.jsonl")])
     assert "visor.core.passthrough" in modules
     assert _imported(modules, ("visor.policy", "yaml", "visor.core.checks")) == []
+
+
+def test_the_url_parser_is_loaded_only_when_a_url_is_read(tmp_path: Path) -> None:
+    # ada_url (a cffi library, about 2 MB resident) is imported on first use (visor/policy/ada.py).
+    (tmp_path / "plain").mkdir()
+    plain = _session_modules(tmp_path / "plain", ["--no-group", "--audit-log", str(tmp_path / "a1.jsonl")])
+    assert "visor.policy.urls" in plain  # the readers are there; the parser is not
+    assert _imported(plain, ("ada_url", "_cffi_backend")) == []
+    (tmp_path / "url").mkdir()
+    url = _session_modules(
+        tmp_path / "url",
+        ["--no-group", "--audit-log", str(tmp_path / "a2.jsonl")],
+        {"target": "https://bücher.example/a"},
+    )
+    assert "ada_url" in url

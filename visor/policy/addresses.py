@@ -24,7 +24,7 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
-import ada_url
+from visor.policy import ada
 
 # RFC 5322 atext: what an unquoted local part may hold besides "." (and any
 # non-ASCII character: RFC 6531 addresses).
@@ -64,7 +64,7 @@ def domain_key(host: str) -> str:
         return h.lower()
     lead = "." if h.startswith(".") else ""  # "*.suffix" entries arrive as ".suffix"
     try:
-        out = ada_url.idna_to_ascii(h[len(lead) :])
+        out = ada.idna_to_ascii(h[len(lead) :])
     except (ValueError, UnicodeError):
         out = b""
     text = out.decode("ascii", "replace") if isinstance(out, bytes) else str(out)

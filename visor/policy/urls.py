@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import unquote, urlsplit
 
-import ada_url
+from visor.policy import ada
 
 # WHATWG "special" schemes: their URLs always have a host and treat "\" as "/".
 SPECIAL_SCHEMES: frozenset[str] = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
@@ -124,7 +124,7 @@ def _punycode_ok(label: str) -> bool:
     if not decoded or decoded.isascii():
         return False
     try:
-        again = ada_url.idna_to_ascii(decoded)
+        again = ada.idna_to_ascii(decoded)
     except (ValueError, UnicodeError):
         return False
     return (again.decode("ascii", "replace") if isinstance(again, bytes) else str(again)) == label
@@ -132,7 +132,7 @@ def _punycode_ok(label: str) -> bool:
 
 def _whatwg(raw: str) -> tuple[Reading, str, str] | None:
     try:
-        parts = ada_url.parse_url(raw)
+        parts = ada.parse_url(raw)
     except ValueError:
         return None
     scheme = parts["protocol"][:-1].lower()

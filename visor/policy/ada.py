@@ -1,0 +1,27 @@
+"""ada, the WHATWG URL parser and UTS 46 mapping (through ``ada_url``), loaded on first use.
+
+``ada_url`` is a cffi library: importing it maps about 2 MB that stay resident
+for the life of the process. Most sessions never read a non-ASCII host or a
+URL-shaped argument, so the library is imported the first time one is read,
+not when the policy package is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def idna_to_ascii(text: str) -> bytes | str:
+    """UTS 46 ToASCII of ``text`` as ada computes it (raises ``ValueError`` where it refuses)."""
+    import ada_url
+
+    result: bytes | str = ada_url.idna_to_ascii(text)
+    return result
+
+
+def parse_url(raw: str) -> dict[str, Any]:
+    """ada's WHATWG parse of ``raw``: its components by name (raises ``ValueError`` if invalid)."""
+    import ada_url
+
+    parts: dict[str, Any] = ada_url.parse_url(raw)
+    return parts
