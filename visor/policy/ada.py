@@ -8,7 +8,10 @@ not when the policy package is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the type only: the library itself is imported on first use
+    from ada_url.ada_adapter import ParseAttributes
 
 
 def idna_to_ascii(text: str) -> bytes | str:
@@ -19,9 +22,8 @@ def idna_to_ascii(text: str) -> bytes | str:
     return result
 
 
-def parse_url(raw: str) -> dict[str, Any]:
+def parse_url(raw: str) -> ParseAttributes:
     """ada's WHATWG parse of ``raw``: its components by name (raises ``ValueError`` if invalid)."""
     import ada_url
 
-    parts: dict[str, Any] = ada_url.parse_url(raw)
-    return parts
+    return ada_url.parse_url(raw)
