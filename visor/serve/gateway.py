@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -90,8 +91,24 @@ def _error(status: int, code: int, message: str, *, rpc_id: Any = None, headers:
     )
 
 
-def _media_types(value: str) -> set[str]:
-    return {part.split(";", 1)[0].strip().lower() for part in value.split(",") if part.strip()}
+# Clients send the same Accept, Content-Type and Host on every request: each is parsed once and
+# its answer kept (bounded, so varied values only cost the parse again).
+_PARSED_KEEP = 64
+
+
+@functools.lru_cache(maxsize=_PARSED_KEEP)
+def _media_types(value: str) -> frozenset[str]:
+    return frozenset(part.split(";", 1)[0].strip().lower() for part in value.split(",") if part.strip())
+
+
+@functools.lru_cache(maxsize=_PARSED_KEEP)
+def _names_loopback(host: str) -> bool:
+    """Whether a Host header's value names this machine's loopback."""
+    try:
+        name = urlsplit("//" + host).hostname
+    except ValueError:
+        return False
+    return name is not None and is_loopback(name)
 
 
 class Gateway:
@@ -122,7 +139,11 @@ class Gateway:
         self._opening_conversation: dict[str, asyncio.Task[McpSession | web.Response]] = {}
         self._opening = 0
         self._ending: set[asyncio.Task[None]] = set()
-        self._expected_auth = f"Bearer {config.token}".encode() if config.token is not None else None
+        # The token's digest, made once: each request's Authorization is compared with it.
+        self._expected_digest = (
+            hashlib.sha256(f"Bearer {config.token}".encode()).digest() if config.token is not None else None
+        )
+        self._listen_loopback = is_loopback(config.host)
         # Set by a worker of `visor serve --workers N`: its index on the ids it mints, and its forwarder.
         self.sid_suffix = ""
         self.forward: Forwarder | None = None
@@ -206,7 +227,7 @@ class Gateway:
 
     # ------------------------------------------------------------ checks common to every method
     def _refuse_origin_or_auth(self, request: web.Request) -> web.Response | None:
-        if is_loopback(self.config.host) and not self._host_is_loopback(request):
+        if self._listen_loopback and not self._host_is_loopback(request):
             # DNS rebinding from a page whose browser omits Origin: the name it used is not ours.
             log.warning("host_refused", host=request.headers.get("Host", "")[:200])
             return _error(403, errors.INVALID_REQUEST, "Forbidden: this Host may not use this server")
@@ -214,12 +235,10 @@ class Gateway:
         if origin is not None and not self._origin_allowed(origin):
             log.warning("origin_refused", origin=origin[:200])
             return _error(403, errors.INVALID_REQUEST, "Forbidden: this Origin may not use this server")
-        if self._expected_auth is not None:
+        if self._expected_digest is not None:
             given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             # Constant time in the token: compare digests of equal length.
-            if not hmac.compare_digest(
-                hashlib.sha256(given).digest(), hashlib.sha256(self._expected_auth).digest()
-            ):
+            if not hmac.compare_digest(hashlib.sha256(given).digest(), self._expected_digest):
                 return _error(
                     401, errors.INVALID_REQUEST, "Unauthorized: present Authorization: Bearer <token>",
                     headers={"WWW-Authenticate": 'Bearer realm="visor"'},
@@ -231,11 +250,7 @@ class Gateway:
         host = request.headers.get("Host")
         if host is None:
             return True  # HTTP/1.0 without Host: no name was used to reach us
-        try:
-            name = urlsplit("//" + host).hostname
-        except ValueError:
-            return False
-        return name is not None and is_loopback(name)
+        return _names_loopback(host)
 
     def _origin_allowed(self, origin: str) -> bool:
         if origin in self.config.allowed_origins:
@@ -372,7 +387,11 @@ class Gateway:
         return response
 
     async def _mcp(self, request: web.Request) -> web.StreamResponse:
-        repeated = next((h for h in _SINGLE_HEADERS if len(request.headers.getall(h, ())) > 1), None)
+        headers = request.headers
+        # Only a request that gives some header name twice (in any case) can repeat one of these.
+        repeated = None
+        if len({name.lower() for name in headers}) != len(headers):
+            repeated = next((h for h in _SINGLE_HEADERS if len(headers.getall(h, ())) > 1), None)
         if repeated is not None:
             # Readers differ on a repeated header (the first, the last, or all joined by commas):
             # a router and Visor could each route or judge by another value. Refused, not guessed.

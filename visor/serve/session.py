@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import secrets
 import time
 from collections.abc import Callable
@@ -104,7 +105,7 @@ class Exchange:
     progress_token: bytes | None = None
     stream: int = 0
     sent: collections.deque[tuple[int, bytes]] = field(
-        default_factory=lambda: collections.deque(maxlen=_SENT_KEEP)
+        default_factory=functools.partial(collections.deque, maxlen=_SENT_KEEP)
     )
     seq: int = 0
     detached: asyncio.TimerHandle | None = None
