@@ -73,6 +73,26 @@ def is_destination_name(name: str) -> bool:
     return any(w in _DEST_WORDS for w in words)
 
 
+def declared_arguments(
+    sink_params: tuple[str, ...], sink_kinds: tuple[tuple[str, str], ...]
+) -> tuple[set[str], set[str]]:
+    """What a tool entry declares of its arguments: ``(destinations, not destinations)``.
+
+    An argument named by ``sink_params`` or given a kind in ``sink_kinds`` is a destination;
+    one given ``none`` is not, even when its name reads like one (the channel a user is added
+    to), unless ``sink_params`` also names it. An argument the entry says nothing of is read by
+    its name (``is_destination_name``). The evaluator and ``visor lint`` both read entries so.
+    """
+    sinks = set(sink_params)
+    sinks.update(a for a, k in sink_kinds if k != "none")
+    return sinks, {a for a, k in sink_kinds if k == "none"} - sinks
+
+
+def names_destination(sinks: set[str], not_sinks: set[str], argument: str) -> bool:
+    """Whether ``argument`` is read as a destination under ``declared_arguments``' two sets."""
+    return argument in sinks or (argument not in not_sinks and is_destination_name(argument))
+
+
 # snake_case words by which an argument says what kind of name it holds: a
 # person (a message's recipient, a member added, an invitee) or a channel.
 _USER_WORDS: frozenset[str] = frozenset(

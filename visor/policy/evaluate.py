@@ -391,16 +391,12 @@ def _destination_args(c: _Ctx) -> list[tuple[str, str]]:
     exfil = entry.exfiltrating if entry is not None else None
     if exfil is False or (exfil is None and not c.eff.fallback):
         return []
-    sinks = set(entry.sink_params) if entry is not None else set()
-    # sink_kinds: an argument given a kind is a destination; one given "none"
-    # is not, even when its name looks like one (the channel a user is added
-    # to), unless sink_params also names it
-    kinds = entry.sink_kinds if entry is not None else ()
-    sinks.update(a for a, k in kinds if k != "none")
-    not_sinks = {a for a, k in kinds if k == "none"} - sinks
+    sinks, not_sinks = (
+        dst.declared_arguments(entry.sink_params, entry.sink_kinds) if entry is not None else (set(), set())
+    )
     out: list[tuple[str, str]] = []
     for k, v in args.items():
-        if k in sinks or (k not in not_sinks and dst.is_destination_name(k)):
+        if dst.names_destination(sinks, not_sinks, k):
             out.extend((k, s) for s in dst.iter_values(v) if s.strip())
     if not out and exfil is True and not sinks:
         # a sending tool with no declared destination: every address-shaped value counts

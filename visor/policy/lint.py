@@ -7,7 +7,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from visor.policy.effective import select_packs
+from visor.policy import destinations as dst
+from visor.policy.effective import resolve_tool, select_packs
 from visor.policy.loader import PolicyError, load_policy
 from visor.policy.schema import Policy, ServerPolicy, ToolPolicy
 
@@ -79,6 +80,76 @@ def _pack_overrides(policy: Policy, srv: ServerPolicy, i: int) -> list[Finding]:
                         f"merges with pack {pname!r} entry for {tname!r}"
                         + (f"; overrides {', '.join(changed)}" if changed else "")
                         + (f"; adds to {', '.join(added)}" if added else ""),
+                    )
+                )
+    return out
+
+
+def _sink_kind_findings(policy: Policy, srv: ServerPolicy, i: int) -> list[Finding]:
+    """What a policy's ``sink_kinds`` does that its author may not have meant: ``none`` on an
+    argument that is a destination by a pack or by its own name switches destination provenance
+    off for it (Visor obeys: the Slack pack itself says the channel a user is added to is no
+    recipient); ``none`` on one a pack's ``sink_params`` names changes nothing; a kind other
+    than the pack's changes how its values are read. One finding per argument."""
+    out: list[Finding] = []
+    packs = select_packs(policy, srv, "" if srv.name == "*" else srv.name, set())
+    for j, (tname, tool) in enumerate(srv.tools.items()):
+        if not tool.sink_kinds:
+            continue
+        key = f"servers[{i}].tools[{j}].sink_kinds"
+        bases = [(p, policy.packs[p].tools[tname]) for p in packs if tname in policy.packs[p].tools]
+        # the entry the evaluator will use: the packs' entries merged in order, the policy's over them
+        effective = resolve_tool(policy, srv, packs, tname).entry or tool
+        after = dst.declared_arguments(effective.sink_params, effective.sink_kinds)
+        for arg, kind in sorted(tool.sink_kinds):
+            where = f"{key}.{arg}"
+            if kind == "none":
+                by_pack = next(
+                    (
+                        p
+                        for p, b in bases
+                        if dst.names_destination(*dst.declared_arguments(b.sink_params, b.sink_kinds), arg)
+                    ),
+                    None,
+                )
+                if dst.names_destination(*after, arg):
+                    message = (
+                        f"none has no effect: {arg!r} of {tname!r} is named in sink_params"
+                        + (f" (pack {by_pack!r})" if by_pack and arg not in tool.sink_params else "")
+                        + ", so it is still a destination"
+                    )
+                elif effective.exfiltrating is True and not after[0]:
+                    # No argument is declared a destination, so the evaluator reads every
+                    # address- or URL-shaped value of a sending tool as one (evaluate._destination_args).
+                    message = (
+                        f"none on {arg!r} of {tname!r}: with no argument declared a destination, only "
+                        "its address- and URL-shaped values are still checked, not user or channel names"
+                    )
+                elif by_pack is not None:
+                    message = (
+                        f"none overrides pack {by_pack!r}, where {arg!r} of {tname!r} is a destination: "
+                        "destination provenance is off for it"
+                    )
+                elif dst.is_destination_name(arg):
+                    message = (
+                        f"{arg!r} reads as a destination by its name; none switches destination "
+                        f"provenance off for it on {tname!r}"
+                    )
+                else:
+                    continue
+                out.append(Finding("warning", tool.line, where, message))
+                continue
+            theirs = next(
+                (dict(b.sink_kinds).get(arg) for _, b in bases if dict(b.sink_kinds).get(arg)), None
+            )
+            if theirs is not None and theirs not in ("none", kind):
+                pname = next(p for p, b in bases if dict(b.sink_kinds).get(arg) == theirs)
+                out.append(
+                    Finding(
+                        "warning",
+                        tool.line,
+                        where,
+                        f"overrides pack {pname!r}: {arg!r} of {tname!r} was read as {theirs}, now as {kind}",
                     )
                 )
     return out
@@ -176,6 +247,7 @@ def lint_policy(policy: Policy) -> list[Finding]:
         for j, tool in enumerate(srv.tools.values()):
             out.extend(_tool_findings(policy, srv, i, j, tool))
         out.extend(_pack_overrides(policy, srv, i))
+        out.extend(_sink_kind_findings(policy, srv, i))
         # packs selected by name: their sending tools need trusted destinations too
         for pname in select_packs(policy, srv, "" if srv.name == "*" else srv.name, set()):
             for tname, ptool in policy.packs[pname].tools.items():
