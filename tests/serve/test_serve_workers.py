@@ -174,10 +174,18 @@ class _UnixHTTP(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _via(path: Path, gw: Serve, method: str, headers: dict[str, str], body: bytes | None = None) -> Reply:
+def _via(
+    path: Path,
+    gw: Serve,
+    method: str,
+    headers: dict[str, str],
+    body: bytes | None = None,
+    *,
+    at: str = "/mcp",
+) -> Reply:
     conn = _UnixHTTP(path, gw.base.removeprefix("http://"))
     try:
-        conn.request(method, "/mcp", body=body, headers=headers)
+        conn.request(method, at, body=body, headers=headers)
         resp = conn.getresponse()
         return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
     finally:
@@ -464,3 +472,36 @@ def test_no_worker_relays_a_call_that_names_any_workers_audit_log(tmp_path: Path
         ok = post(gw.url, _call("note", {"text": "hello"}, 3), sid)
         assert _text(ok) == "noted"
     assert len(received.read_text().splitlines()) == 1
+
+
+def test_a_scrape_of_the_shared_port_sums_every_worker(tmp_path: Path) -> None:
+    # The kernel hands each scrape's connection to either worker: every answer must hold the whole
+    # gateway's figures, or a Prometheus counter would jump back and forth between two series.
+    from tests.serve.serve_proc import http as fetch
+    from tests.serve.test_serve_metrics import scrape
+
+    with _workers(tmp_path) as gw:
+        sessions = _sessions_on_both(gw.url)
+        for owner, sid in sessions.items():
+            for n in range(owner + 1):  # one call on worker 0, two on worker 1
+                assert _text(post(gw.url, _call("whoami", {}, rpc_id=10 + n), sid)).split()[0].isdigit()
+        # Each worker's own figures, from its private socket (JSON there, and only there).
+        rundir = Path(_events(gw, "serve_workers")[0]["rundir"])
+        own = [
+            _via(rundir / f"worker-{i}.sock", gw, "GET", {}, at="/metrics?worker-snapshot") for i in (0, 1)
+        ]
+        assert all(r.status == 200 for r in own), own
+        mine = [r.json() for r in own]
+        assert [m["verdicts"] for m in mine] == [[["allow", "tools/call", 1]], [["allow", "tools/call", 2]]]
+        opened = sum(m["sessions_open"] for m in mine)
+        assert opened >= 2 and all(m["sessions_open"] >= 1 for m in mine), mine
+        allowed = 'visor_requests_total{verdict="allow",method="tools/call"}'
+        for _ in range(6):  # new connections: both workers answer some of these
+            page = scrape(gw.url)
+            assert page["visor_workers_reporting"] == 2, page
+            assert page[allowed] == 3, page
+            assert page["visor_sessions_open"] == opened, page
+            assert page["visor_audit_commit_seconds_count"] == 3, page
+        # Through the public port the query changes nothing: the summed text page.
+        reply = fetch("GET", gw.base + "/metrics?worker-snapshot")
+        assert reply.status == 200 and reply.body.startswith(b"# HELP"), reply

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ from aiohttp import web
 from visor.audit import events as audit_events
 from visor.http.bodies import classify_body
 from visor.logs import get_logger
-from visor.serve.metrics import CONTENT_TYPE, GatewayMetrics
+from visor.serve.metrics import CONTENT_TYPE, SNAPSHOT_QUERY, GatewayMetrics
+from visor.serve.metrics import merge as merge_metrics
+from visor.serve.metrics import render as render_metrics
 from visor.serve.session import ENDED, Exchange, McpSession, id_key
 from visor.serve.sessionless import VERSION_KEY, Renamed, Renamer, check_request, conversation_key
 from visor.wire import errors
@@ -111,6 +114,12 @@ def _names_loopback(host: str) -> bool:
     return name is not None and is_loopback(name)
 
 
+def _over_unix_socket(request: web.Request) -> bool:
+    """Whether the request came over a unix socket (a worker's private one), not the TCP port."""
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    return sock is not None and sock.family == socket.AF_UNIX
+
+
 class Gateway:
     """The session table and the request handlers."""
 
@@ -147,6 +156,8 @@ class Gateway:
         # Set by a worker of `visor serve --workers N`: its index on the ids it mints, and its forwarder.
         self.sid_suffix = ""
         self.forward: Forwarder | None = None
+        # Set by a worker too: the other workers' /metrics figures, for a scrape to sum.
+        self.peer_metrics: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_message_bytes + 1)
@@ -378,12 +389,24 @@ class Gateway:
         refused = self._refuse_origin_or_auth(request)
         if refused is not None:
             return refused
-        body = self.metrics.render(sessions_open=len(self.sessions))
+        own = self.metrics.snapshot(sessions_open=len(self.sessions))
+        if self.peer_metrics is None:
+            body = render_metrics(merge_metrics([own]))
+        elif SNAPSHOT_QUERY in request.query and _over_unix_socket(request):
+            # Another worker summing a scrape (`--workers N`): this worker's own figures. Only on
+            # the private unix socket; through the public port the query changes nothing.
+            return web.json_response(own)
+        else:
+            peers = await self.peer_metrics()
+            body = render_metrics(merge_metrics([own, *peers]), processes=1 + len(peers))
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
         response = await self._mcp(request)
-        self.metrics.http_request(request.method, response.status)
+        if not _over_unix_socket(request):
+            # A request forwarded from another worker (`--workers N`) is counted there, once:
+            # a scrape sums every worker's figures.
+            self.metrics.http_request(request.method, response.status)
         return response
 
     async def _mcp(self, request: web.Request) -> web.StreamResponse:
@@ -463,7 +486,12 @@ class Gateway:
             except ConnectionError:
                 return _error(404, errors.INVALID_REQUEST, "Session not found (ended)")
             return web.Response(status=202)
-        return await self._request(request, session, msg)
+        # The request's limits, then its exchange, called from here: one await level less.
+        refused = self._refuse_request(session, msg, None)
+        if refused is not None:
+            return refused
+        response, _ = await self._exchange(request, session, msg, {})
+        return response
 
     async def _initialize(self, request: web.Request, msg: Message) -> web.StreamResponse:
         if self._open_count() >= self.config.max_sessions:
@@ -530,18 +558,19 @@ class Gateway:
         log.info("session_opened", mcp_session=sid, sessions=len(self.sessions))
         return session
 
-    async def _send_and_wait(self, session: McpSession, ex: Exchange, line: bytes) -> bytes:
-        try:
-            await session.send(line)
-        except ConnectionError:
-            return ENDED
-        answer = await ex.queue.get()
-        session.delivered()
-        return answer
-
     async def _request(
         self, request: web.Request, session: McpSession, msg: Message, renamed: Renamed | None = None
     ) -> web.StreamResponse:
+        refused = self._refuse_request(session, msg, renamed)
+        if refused is not None:
+            return refused
+        response, _ = await self._exchange(request, session, msg, {}, renamed)
+        return response
+
+    def _refuse_request(
+        self, session: McpSession, msg: Message, renamed: Renamed | None
+    ) -> web.Response | None:
+        """The per-session limits on a request: in flight (429) and its id's uniqueness (400)."""
         if session.in_flight >= self.config.max_in_flight:
             return _error(
                 429,
@@ -549,16 +578,14 @@ class Gateway:
                 f"Too Many Requests: at most {self.config.max_in_flight} in flight per session",
                 rpc_id=msg.id,
             )
-        key = id_key(msg.id)
-        if renamed is None and key in session.exchanges:
+        if renamed is None and id_key(msg.id) in session.exchanges:
             return _error(
                 400,
                 errors.INVALID_REQUEST,
                 "Bad Request: a request with this id is already in flight",
                 rpc_id=msg.id,
             )
-        response, _ = await self._exchange(request, session, msg, {}, renamed)
-        return response
+        return None
 
     async def _exchange(
         self,
@@ -586,7 +613,15 @@ class Gateway:
         ex = session.open_exchange(id_key(rpc_id), token)
         streamed = False
         try:
-            first = await self._send_and_wait(session, ex, line)
+            # Sent and awaited here, not in a coroutine of its own: every await level is one more
+            # frame on each of the request's resumptions.
+            try:
+                await session.send(line)
+            except ConnectionError:
+                first = ENDED
+            else:
+                first = await ex.queue.get()
+                session.delivered()
             if first is ENDED:
                 return _error(
                     502, errors.INTERNAL_ERROR, "the session ended before the answer", rpc_id=msg.id

@@ -16,10 +16,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from typing import Any
 
 #: Seconds: around one fsync of a local disk (tens of µs to tens of ms) and the slow tail.
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# `GET /metrics?worker-snapshot` over a worker's private unix socket (`visor serve --workers N`): that
+# worker's own figures as JSON, which the worker answering a scrape of the shared port sums.
+SNAPSHOT_QUERY = "worker-snapshot"
 
 
 class _Histogram:
@@ -38,6 +42,22 @@ class _Histogram:
                 self.counts[i] += 1
         self.count += 1
         self.total += seconds
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "count": self.count, "total": self.total}
+
+    @classmethod
+    def of(cls, snapshots: list[dict[str, Any]]) -> _Histogram:
+        """The sum of several processes' histograms (the same buckets everywhere)."""
+        merged = cls()
+        for snap in snapshots:
+            counts = snap["counts"]
+            if len(counts) != len(BUCKETS):
+                raise ValueError("a histogram with other buckets")
+            merged.counts = [a + int(b) for a, b in zip(merged.counts, counts, strict=True)]
+            merged.count += int(snap["count"])
+            merged.total += float(snap["total"])
+        return merged
 
     def lines(self, name: str) -> list[str]:
         out = [f'{name}_bucket{{le="{_number(b)}"}} {c}' for b, c in zip(BUCKETS, self.counts, strict=True)]
@@ -107,32 +127,74 @@ class GatewayMetrics:
             key = (method if method in ("GET", "POST", "DELETE") else "other", status)
             self._http[key] = self._http.get(key, 0) + 1
 
-    def render(self, sessions_open: int) -> str:
+    def snapshot(self, sessions_open: int) -> dict[str, Any]:
+        """This process's figures as JSON-able data: what a worker of `--workers N` hands the
+        worker that answers a scrape, which sums them (`merge`)."""
         with self._lock:
-            lines = [
-                "# HELP visor_requests_total Gated requests by final verdict and MCP method.",
-                "# TYPE visor_requests_total counter",
-                *(
-                    f'visor_requests_total{{verdict="{_label(v)}",method="{_label(m)}"}} {n}'
-                    for (v, m), n in sorted(self._verdicts.items())
-                ),
-                "# HELP visor_http_requests_total Requests to /mcp by HTTP method and status.",
-                "# TYPE visor_http_requests_total counter",
-                *(
-                    f'visor_http_requests_total{{method="{m}",status="{s}"}} {n}'
-                    for (m, s), n in sorted(self._http.items())
-                ),
-                "# HELP visor_sessions_open MCP sessions open now.",
-                "# TYPE visor_sessions_open gauge",
-                f"visor_sessions_open {sessions_open}",
-                "# HELP visor_approvals_pending Approval questions open now.",
-                "# TYPE visor_approvals_pending gauge",
-                f"visor_approvals_pending {self._pending}",
-                "# HELP visor_audit_commit_seconds From an allow's record queued to durable.",
-                "# TYPE visor_audit_commit_seconds histogram",
-                *self._commit.lines("visor_audit_commit_seconds"),
-                "# HELP visor_audit_fsync_seconds One fsync of the audit log.",
-                "# TYPE visor_audit_fsync_seconds histogram",
-                *self._fsync.lines("visor_audit_fsync_seconds"),
-            ]
-        return "\n".join(lines) + "\n"
+            return {
+                "verdicts": [[v, m, n] for (v, m), n in sorted(self._verdicts.items())],
+                "http": [[m, st, n] for (m, st), n in sorted(self._http.items())],
+                "sessions_open": sessions_open,
+                "approvals_pending": self._pending,
+                "commit": self._commit.snapshot(),
+                "fsync": self._fsync.snapshot(),
+            }
+
+    def render(self, sessions_open: int) -> str:
+        return render(merge([self.snapshot(sessions_open)]))
+
+
+def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of several processes' snapshots: counters, gauges and histogram buckets add up.
+    Raises ValueError (or KeyError, TypeError) on a snapshot that is not one."""
+    verdicts: dict[tuple[str, str], int] = {}
+    http: dict[tuple[str, int], int] = {}
+    for snap in snapshots:
+        for v, m, n in snap["verdicts"]:
+            verdicts[(str(v), str(m))] = verdicts.get((str(v), str(m)), 0) + int(n)
+        for m, st, n in snap["http"]:
+            http[(str(m), int(st))] = http.get((str(m), int(st)), 0) + int(n)
+    return {
+        "verdicts": [[v, m, n] for (v, m), n in sorted(verdicts.items())],
+        "http": [[m, st, n] for (m, st), n in sorted(http.items())],
+        "sessions_open": sum(int(s["sessions_open"]) for s in snapshots),
+        "approvals_pending": sum(int(s["approvals_pending"]) for s in snapshots),
+        "commit": _Histogram.of([s["commit"] for s in snapshots]).snapshot(),
+        "fsync": _Histogram.of([s["fsync"] for s in snapshots]).snapshot(),
+        "processes": len(snapshots),
+    }
+
+
+def render(snap: dict[str, Any], *, processes: int | None = None) -> str:
+    """The exposition page of a (merged) snapshot. ``processes``: with `--workers N`, how many of
+    the N workers' figures it holds (a scrape while one restarts says so, not silently less)."""
+    lines = [
+        "# HELP visor_requests_total Gated requests by final verdict and MCP method.",
+        "# TYPE visor_requests_total counter",
+        *(
+            f'visor_requests_total{{verdict="{_label(v)}",method="{_label(m)}"}} {n}'
+            for v, m, n in snap["verdicts"]
+        ),
+        "# HELP visor_http_requests_total Requests to /mcp by HTTP method and status.",
+        "# TYPE visor_http_requests_total counter",
+        *(f'visor_http_requests_total{{method="{m}",status="{st}"}} {n}' for m, st, n in snap["http"]),
+        "# HELP visor_sessions_open MCP sessions open now.",
+        "# TYPE visor_sessions_open gauge",
+        f"visor_sessions_open {snap['sessions_open']}",
+        "# HELP visor_approvals_pending Approval questions open now.",
+        "# TYPE visor_approvals_pending gauge",
+        f"visor_approvals_pending {snap['approvals_pending']}",
+        "# HELP visor_audit_commit_seconds From an allow's record queued to durable.",
+        "# TYPE visor_audit_commit_seconds histogram",
+        *_Histogram.of([snap["commit"]]).lines("visor_audit_commit_seconds"),
+        "# HELP visor_audit_fsync_seconds One fsync of the audit log.",
+        "# TYPE visor_audit_fsync_seconds histogram",
+        *_Histogram.of([snap["fsync"]]).lines("visor_audit_fsync_seconds"),
+    ]
+    if processes is not None:
+        lines += [
+            "# HELP visor_workers_reporting Workers of `visor serve --workers N` whose figures this page sums.",
+            "# TYPE visor_workers_reporting gauge",
+            f"visor_workers_reporting {processes}",
+        ]
+    return "\n".join(lines) + "\n"

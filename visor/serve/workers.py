@@ -23,6 +23,9 @@ do not own it. Hence:
   are not multiplied by N.
 * Worker I writes its own audit log, `X.worker-I.jsonl` for `--audit-log X.jsonl`: a log has one
   writer and one hash chain.
+* A scrape of `/metrics` reaches any one worker, which asks the others for their figures over their
+  unix sockets (`/metrics?worker-snapshot`, JSON, answered only there) and answers with the sums,
+  and with `visor_workers_reporting`: a worker that is restarting is left out, and the page says so.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from visor import logs
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ MAX_START_FAILURES = 5
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 8.0
 _READY = b"ready\n"
+# How long the worker answering a scrape waits for each other worker's figures.
+PEER_METRICS_TIMEOUT = 2.0
 # `[ID.]<32 hex>-<I>`: the session ids a worker mints (gateway.Gateway.mint_sid; ID is --replica-id).
 _SID = re.compile(r"(?:[A-Za-z0-9_]{1,32}\.)?[0-9a-f]{32}-(0|[1-9][0-9]{0,2})")
 # A unix socket path longer than sun_path (108 bytes on Linux) cannot be bound.
@@ -248,6 +255,40 @@ class Forwarder:
                     request.transport.close()
             return response
 
+    async def peer_metrics(self, token: str | None) -> list[dict[str, Any]]:
+        """Every other worker's `/metrics` figures (`GatewayMetrics.snapshot`), asked over its unix
+        socket at once; a worker that does not answer in time (dead, restarting) is left out, and
+        the page says how many were summed (`visor_workers_reporting`)."""
+        peers = [i for i in range(self._spec.count) if i != self._spec.index]
+        answers = await asyncio.gather(*(self._peer_snapshot(i, token) for i in peers))
+        return [a for a in answers if a is not None]
+
+    async def _peer_snapshot(self, index: int, token: str | None) -> dict[str, Any] | None:
+        from aiohttp import ClientError, ClientTimeout
+
+        from visor.serve.metrics import SNAPSHOT_QUERY
+
+        # Our own request over the private socket: a loopback Host passes the DNS-rebinding check
+        # of a loopback listener, and the client token (when one is set) the token check.
+        headers = {"Host": "localhost"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            async with self._client(index).get(
+                f"http://worker/metrics?{SNAPSHOT_QUERY}",
+                headers=headers,
+                timeout=ClientTimeout(total=PEER_METRICS_TIMEOUT),
+                allow_redirects=False,
+            ) as reply:
+                if reply.status != 200:
+                    log.warning("peer_metrics_refused", worker=index, status=reply.status)
+                    return None
+                snapshot = orjson.loads(await reply.read())
+        except (ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            log.info("peer_metrics_unavailable", worker=index, error=str(exc) or type(exc).__name__)
+            return None
+        return snapshot if isinstance(snapshot, dict) else None
+
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
@@ -277,6 +318,8 @@ class Worker:
             self.spec, gateway.config.max_message_bytes, shared_state=gateway.state is not None
         )
         gateway.forward = self._forwarder
+        forwarder, token = self._forwarder, gateway.config.token
+        gateway.peer_metrics = lambda: forwarder.peer_metrics(token)
 
     async def start(self, runner: web.AppRunner, stop: asyncio.Event) -> None:
         """Serve the shared socket and this worker's unix socket, then tell the supervisor."""
