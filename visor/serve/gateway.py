@@ -30,7 +30,6 @@ from visor.audit import events as audit_events
 from visor.http.bodies import classify_body
 from visor.logs import get_logger
 from visor.serve.metrics import CONTENT_TYPE, SNAPSHOT_QUERY, GatewayMetrics
-from visor.serve.metrics import merge as merge_metrics
 from visor.serve.metrics import render as render_metrics
 from visor.serve.session import ENDED, Exchange, McpSession, id_key
 from visor.serve.sessionless import VERSION_KEY, Renamed, Renamer, check_request, conversation_key
@@ -156,8 +155,9 @@ class Gateway:
         # Set by a worker of `visor serve --workers N`: its index on the ids it mints, and its forwarder.
         self.sid_suffix = ""
         self.forward: Forwarder | None = None
-        # Set by a worker too: the other workers' /metrics figures, for a scrape to sum.
-        self.peer_metrics: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+        # Set by a worker too: the other workers' /metrics figures, for a scrape to show with its own
+        # (this worker's index, [(index, figures) of each other worker that answered]).
+        self.peer_metrics: Callable[[], Awaitable[tuple[int, list[tuple[int, dict[str, Any]]]]]] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_message_bytes + 1)
@@ -391,14 +391,15 @@ class Gateway:
             return refused
         own = self.metrics.snapshot(sessions_open=len(self.sessions))
         if self.peer_metrics is None:
-            body = render_metrics(merge_metrics([own]))
+            body = render_metrics([(None, own)])
         elif SNAPSHOT_QUERY in request.query and _over_unix_socket(request):
-            # Another worker summing a scrape (`--workers N`): this worker's own figures. Only on
-            # the private unix socket; through the public port the query changes nothing.
+            # Another worker answering a scrape (`--workers N`): this worker's own figures. Only
+            # on the private unix socket; through the public port the query changes nothing.
             return web.json_response(own)
         else:
-            peers = await self.peer_metrics()
-            body = render_metrics(merge_metrics([own, *peers]), processes=1 + len(peers))
+            index, peers = await self.peer_metrics()
+            workers: list[tuple[int, dict[str, Any]]] = sorted([(index, own), *peers], key=lambda p: p[0])
+            body = render_metrics(workers)
         return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: Seconds: around one fsync of a local disk (tens of µs to tens of ms) and the slow tail.
@@ -59,11 +59,16 @@ class _Histogram:
             merged.total += float(snap["total"])
         return merged
 
-    def lines(self, name: str) -> list[str]:
-        out = [f'{name}_bucket{{le="{_number(b)}"}} {c}' for b, c in zip(BUCKETS, self.counts, strict=True)]
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {_number(self.total)}")
-        out.append(f"{name}_count {self.count}")
+    def lines(self, name: str, label: str = "") -> list[str]:
+        """The samples of the histogram; ``label``: ``worker="I",`` put before ``le``."""
+        out = [
+            f'{name}_bucket{{{label}le="{_number(b)}"}} {c}'
+            for b, c in zip(BUCKETS, self.counts, strict=True)
+        ]
+        out.append(f'{name}_bucket{{{label}le="+Inf"}} {self.count}')
+        tail = "{" + label.rstrip(",") + "}" if label else ""
+        out.append(f"{name}_sum{tail} {_number(self.total)}")
+        out.append(f"{name}_count{tail} {self.count}")
         return out
 
 
@@ -129,7 +134,7 @@ class GatewayMetrics:
 
     def snapshot(self, sessions_open: int) -> dict[str, Any]:
         """This process's figures as JSON-able data: what a worker of `--workers N` hands the
-        worker that answers a scrape, which sums them (`merge`)."""
+        worker that answers a scrape (`render` puts each worker's under its own label)."""
         with self._lock:
             return {
                 "verdicts": [[v, m, n] for (v, m), n in sorted(self._verdicts.items())],
@@ -141,60 +146,62 @@ class GatewayMetrics:
             }
 
     def render(self, sessions_open: int) -> str:
-        return render(merge([self.snapshot(sessions_open)]))
+        return render([(None, self.snapshot(sessions_open))])
 
 
-def merge(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sum of several processes' snapshots: counters, gauges and histogram buckets add up.
-    Raises ValueError (or KeyError, TypeError) on a snapshot that is not one."""
-    verdicts: dict[tuple[str, str], int] = {}
-    http: dict[tuple[str, int], int] = {}
-    for snap in snapshots:
-        for v, m, n in snap["verdicts"]:
-            verdicts[(str(v), str(m))] = verdicts.get((str(v), str(m)), 0) + int(n)
-        for m, st, n in snap["http"]:
-            http[(str(m), int(st))] = http.get((str(m), int(st)), 0) + int(n)
-    return {
-        "verdicts": [[v, m, n] for (v, m), n in sorted(verdicts.items())],
-        "http": [[m, st, n] for (m, st), n in sorted(http.items())],
-        "sessions_open": sum(int(s["sessions_open"]) for s in snapshots),
-        "approvals_pending": sum(int(s["approvals_pending"]) for s in snapshots),
-        "commit": _Histogram.of([s["commit"] for s in snapshots]).snapshot(),
-        "fsync": _Histogram.of([s["fsync"] for s in snapshots]).snapshot(),
-        "processes": len(snapshots),
-    }
+def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
+    """The exposition page of one process's snapshot (``[(None, snapshot)]``) or of several
+    workers' (``[(index, snapshot), ...]``): each worker's samples carry ``worker="I"``, so a
+    counter of a restarted worker resets in its own series only, and `visor_workers_reporting`
+    says how many workers answered. Raises KeyError, TypeError or ValueError on a snapshot
+    that is not one (a worker's answer is checked before it is shown)."""
+    labelled = any(index is not None for index, _ in processes)
 
+    def labels(index: int | None, *pairs: tuple[str, object]) -> str:
+        items = ([("worker", index)] if index is not None else []) + list(pairs)
+        return "{" + ",".join(f'{k}="{_label(str(v))}"' for k, v in items) + "}" if items else ""
 
-def render(snap: dict[str, Any], *, processes: int | None = None) -> str:
-    """The exposition page of a (merged) snapshot. ``processes``: with `--workers N`, how many of
-    the N workers' figures it holds (a scrape while one restarts says so, not silently less)."""
+    verdicts, http, sessions, pending = [], [], [], []
+    commit: list[str] = []
+    fsync: list[str] = []
+    for index, snap in processes:
+        verdicts += [
+            f"visor_requests_total{labels(index, ('verdict', v), ('method', m))} {int(n)}"
+            for v, m, n in snap["verdicts"]
+        ]
+        http += [
+            f"visor_http_requests_total{labels(index, ('method', m), ('status', int(st)))} {int(n)}"
+            for m, st, n in snap["http"]
+        ]
+        sessions.append(f"visor_sessions_open{labels(index)} {int(snap['sessions_open'])}")
+        pending.append(f"visor_approvals_pending{labels(index)} {int(snap['approvals_pending'])}")
+        worker = f'worker="{index}",' if index is not None else ""
+        commit += _Histogram.of([snap["commit"]]).lines("visor_audit_commit_seconds", worker)
+        fsync += _Histogram.of([snap["fsync"]]).lines("visor_audit_fsync_seconds", worker)
     lines = [
         "# HELP visor_requests_total Gated requests by final verdict and MCP method.",
         "# TYPE visor_requests_total counter",
-        *(
-            f'visor_requests_total{{verdict="{_label(v)}",method="{_label(m)}"}} {n}'
-            for v, m, n in snap["verdicts"]
-        ),
+        *verdicts,
         "# HELP visor_http_requests_total Requests to /mcp by HTTP method and status.",
         "# TYPE visor_http_requests_total counter",
-        *(f'visor_http_requests_total{{method="{m}",status="{st}"}} {n}' for m, st, n in snap["http"]),
+        *http,
         "# HELP visor_sessions_open MCP sessions open now.",
         "# TYPE visor_sessions_open gauge",
-        f"visor_sessions_open {snap['sessions_open']}",
+        *sessions,
         "# HELP visor_approvals_pending Approval questions open now.",
         "# TYPE visor_approvals_pending gauge",
-        f"visor_approvals_pending {snap['approvals_pending']}",
+        *pending,
         "# HELP visor_audit_commit_seconds From an allow's record queued to durable.",
         "# TYPE visor_audit_commit_seconds histogram",
-        *_Histogram.of([snap["commit"]]).lines("visor_audit_commit_seconds"),
+        *commit,
         "# HELP visor_audit_fsync_seconds One fsync of the audit log.",
         "# TYPE visor_audit_fsync_seconds histogram",
-        *_Histogram.of([snap["fsync"]]).lines("visor_audit_fsync_seconds"),
+        *fsync,
     ]
-    if processes is not None:
+    if labelled:
         lines += [
-            "# HELP visor_workers_reporting Workers of `visor serve --workers N` whose figures this page sums.",
+            "# HELP visor_workers_reporting Workers of `visor serve --workers N` whose figures this page holds.",
             "# TYPE visor_workers_reporting gauge",
-            f"visor_workers_reporting {processes}",
+            f"visor_workers_reporting {len(processes)}",
         ]
     return "\n".join(lines) + "\n"

@@ -24,8 +24,10 @@ do not own it. Hence:
 * Worker I writes its own audit log, `X.worker-I.jsonl` for `--audit-log X.jsonl`: a log has one
   writer and one hash chain.
 * A scrape of `/metrics` reaches any one worker, which asks the others for their figures over their
-  unix sockets (`/metrics?worker-snapshot`, JSON, answered only there) and answers with the sums,
-  and with `visor_workers_reporting`: a worker that is restarting is left out, and the page says so.
+  unix sockets (`/metrics?worker-snapshot`, JSON, answered only there) and answers with every
+  worker's samples, each labelled `worker="I"` (a restarted worker's counters reset in its own
+  series only), and with `visor_workers_reporting`: a worker that is restarting is left out, and
+  the page says so.
 """
 
 from __future__ import annotations
@@ -255,13 +257,14 @@ class Forwarder:
                     request.transport.close()
             return response
 
-    async def peer_metrics(self, token: str | None) -> list[dict[str, Any]]:
-        """Every other worker's `/metrics` figures (`GatewayMetrics.snapshot`), asked over its unix
-        socket at once; a worker that does not answer in time (dead, restarting) is left out, and
-        the page says how many were summed (`visor_workers_reporting`)."""
+    async def peer_metrics(self, token: str | None) -> tuple[int, list[tuple[int, dict[str, Any]]]]:
+        """This worker's index, and every other worker's `/metrics` figures
+        (`GatewayMetrics.snapshot`), asked over their unix sockets at once; a worker that does not
+        answer in time (dead, restarting) or answers something else is left out, and the page
+        says how many it holds (`visor_workers_reporting`)."""
         peers = [i for i in range(self._spec.count) if i != self._spec.index]
         answers = await asyncio.gather(*(self._peer_snapshot(i, token) for i in peers))
-        return [a for a in answers if a is not None]
+        return self._spec.index, [(i, a) for i, a in zip(peers, answers, strict=True) if a is not None]
 
     async def _peer_snapshot(self, index: int, token: str | None) -> dict[str, Any] | None:
         from aiohttp import ClientError, ClientTimeout
@@ -286,6 +289,13 @@ class Forwarder:
                 snapshot = orjson.loads(await reply.read())
         except (ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             log.info("peer_metrics_unavailable", worker=index, error=str(exc) or type(exc).__name__)
+            return None
+        from visor.serve.metrics import render
+
+        try:
+            render([(index, snapshot)])  # what the page will do with it
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("peer_metrics_malformed", worker=index, error=repr(exc))
             return None
         return snapshot if isinstance(snapshot, dict) else None
 
