@@ -70,6 +70,12 @@ class CallLedger(Protocol):
 
     def counts(self) -> SharedCounts: ...
 
+    # A human's "remember" yes to an exact call (approval_required) follows the session too:
+    # (rule, arguments digest). Both raise SharedStateError when the store cannot answer.
+    def remember_exact(self, rule: str, digest: str) -> None: ...
+
+    def exact_approvals(self) -> frozenset[tuple[str, str]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class SessionEvent:

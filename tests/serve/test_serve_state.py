@@ -7,14 +7,18 @@ a real nginx in front)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.approval.helpers import pending, wait_pending
 from tests.serve.serve_proc import MAIL_POLICY, MAILBOX, initialize, post, serve
 from tests.state.redis_server import MISSING, RedisServer
 
@@ -33,14 +37,16 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
-def _replica(tmp_path: Path, name: str, store: str, log: Path) -> Any:
+def _replica(
+    tmp_path: Path, name: str, store: str, log: Path, *options: str, policy: str = MAIL_POLICY
+) -> Any:
     folder = tmp_path / name
     folder.mkdir()
     return serve(
         folder,
         [sys.executable, str(MAILBOX)],
-        "--state", store, "--server-name", "mail", "--replica-id", name,
-        policy=MAIL_POLICY,
+        "--state", store, "--server-name", "mail", "--replica-id", name, *options,
+        policy=policy,
         env={"MAILBOX_LOG": str(log)},
     )  # fmt: skip
 
@@ -183,3 +189,55 @@ def test_two_replicas_serving_one_session_at_once_cannot_overspend_its_budget(
     assert [r["tool"] for r in received(log)] == ["ping", "ping", "ping"]
     denies = [r["rule"] for r in a.records() + b.records() if r["event"] == "deny"]
     assert denies == ["budget.max_calls", "budget.max_calls"]
+
+
+# `note` needs a human every time; a "remember" yes covers the exact same call for the session.
+NOTE_POLICY = (
+    MAIL_POLICY
+    + """      - name: note
+        allowed: true
+        approval_required: true
+"""
+)
+
+
+def _visor(tmp_path: Path, *args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "visor.cli", *args],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "VISOR_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_remembered_yes_to_an_exact_call_follows_the_session_to_another_replica(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    log = tmp_path / "mailbox.jsonl"
+    dir_a, dir_b = tmp_path / "approvals-a", tmp_path / "approvals-b"
+    with (
+        _replica(tmp_path, "a", redis.url, log, "--approval-dir", str(dir_a), policy=NOTE_POLICY) as a,
+        _replica(tmp_path, "b", redis.url, log, "--approval-dir", str(dir_b), policy=NOTE_POLICY) as b,
+    ):
+        sid = initialize(a.url)
+        first: list[dict[str, Any]] = []
+        caller = threading.Thread(target=lambda: first.append(call(a.url, sid, "note", text="ship it")))
+        caller.start()
+        (request_id,) = wait_pending(dir_a)
+        _visor(tmp_path, "approve", "--remember", "--approval-dir", str(dir_a), request_id)
+        caller.join(60)
+        assert first and not first[0].get("isError"), first
+        # Replica b continues the session: the same call runs with no question,
+        second = call(b.url, sid, "note", text="ship it")
+        assert not second.get("isError"), second
+        assert pending(dir_b) == {}
+        # and any other call of that tool is still asked.
+        third: list[dict[str, Any]] = []
+        caller = threading.Thread(target=lambda: third.append(call(b.url, sid, "note", text="ship that")))
+        caller.start()
+        (other,) = wait_pending(dir_b)
+        _visor(tmp_path, "deny", "--approval-dir", str(dir_b), other)
+        caller.join(60)
+        assert third and third[0].get("isError"), third
+    assert [r["arguments"] for r in received(log) if r["tool"] == "note"] == [{"text": "ship it"}] * 2
+    remembered = [r for r in b.records() if r["event"] == "approve" and r.get("tool") == "note"]
+    assert [(r["channel"], r.get("remembered")) for r in remembered] == [("session", True)], remembered

@@ -12,6 +12,7 @@ from visor.state.ledger import (
     SessionLedger,
     StaleCounts,
     StateConflict,
+    StateUnavailable,
 )
 
 INIT = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"}}'
@@ -107,9 +108,15 @@ def test_every_key_of_a_session_gets_the_ttl_and_touch_renews_it(redis_server: s
     ledger = SessionLedger(redis_server, ttl_seconds=90)
     ledger.create("s-4", initialize=INIT, client="", owner="a")
     ledger.record_call("s-4", "mail", "send", 5)
+    ledger.remember_exact("s-4", "approval.required", "d" * 64)
     r = redis.Redis.from_url(redis_server)
     keys = ledger.keys("s-4")
-    assert keys == ("visor:s:{s-4}:meta", "visor:s:{s-4}:tools", "visor:s:{s-4}:history")
+    assert keys == (
+        "visor:s:{s-4}:meta",
+        "visor:s:{s-4}:tools",
+        "visor:s:{s-4}:history",
+        "visor:s:{s-4}:exact",
+    )
     for key in keys:
         assert 60_000 < r.pttl(key) <= 90_000, key
         r.pexpire(key, 1_000)
@@ -119,6 +126,30 @@ def test_every_key_of_a_session_gets_the_ttl_and_touch_renews_it(redis_server: s
     assert all(r.pttl(k) > 60_000 for k in keys)
     # the default is twice the gateway's default idle timeout
     assert SessionLedger(redis_server).ttl_ms == 1_800_000
+
+
+def test_a_remembered_exact_approval_follows_the_session_to_another_replica(redis_server: str) -> None:
+    one = SessionLedger(redis_server, ttl_seconds=600)
+    two = SessionLedger(redis_server, ttl_seconds=600)
+    one.create("s-7", initialize=INIT, client="", owner="a")
+    assert two.exact_approvals("s-7") == frozenset()
+    one.remember_exact("s-7", "approval.required", "a" * 64)
+    one.remember_exact("s-7", "approval.required", "a" * 64)  # a set: once
+    two.remember_exact("s-7", "tool.approval_required", "b" * 64)
+    expected = frozenset({("approval.required", "a" * 64), ("tool.approval_required", "b" * 64)})
+    assert one.exact_approvals("s-7") == expected
+    record = two.load("s-7")
+    assert record is not None and record.exact == expected
+    # never made for a session the store does not hold
+    with pytest.raises(SessionGone):
+        one.remember_exact("s-none", "approval.required", "a" * 64)
+    assert redis.Redis.from_url(redis_server).keys("visor:s:{s-none}:*") == []
+    # a store entry that is not one of ours is refused, not read as an approval
+    redis.Redis.from_url(redis_server).sadd("visor:s:{s-7}:exact", b"no-digest-here")
+    with pytest.raises(StateUnavailable, match="remembered approval"):
+        two.exact_approvals("s-7")
+    one.close()
+    two.close()
 
 
 def test_bad_input_is_refused_with_a_clear_error(redis_server: str) -> None:
@@ -135,11 +166,9 @@ def test_bad_input_is_refused_with_a_clear_error(redis_server: str) -> None:
 
 
 def test_a_record_another_program_damaged_is_not_read_as_a_session(redis_server: str) -> None:
-    from visor.state.ledger import StateUnavailable
-
     ledger = SessionLedger(redis_server)
     r = redis.Redis.from_url(redis_server)
-    meta, tools, _ = ledger.keys("s-6")
+    meta, tools, _, _ = ledger.keys("s-6")
     r.hset(meta, mapping={"owner": "a"})  # no initialize request
     with pytest.raises(StateUnavailable, match="initialize"):
         ledger.load("s-6")

@@ -248,9 +248,8 @@ class PolicyChecks(Checks):
     def _ask(self, msg: Message, call: ToolCall, decision: Decision, ctx: CallContext) -> Verdict:
         self._record(msg, "ask", decision)
         scope = remember_scope(decision.rule, decision.argument, decision.destination)
-        if (
-            scope == "exact"
-            and (decision.rule, arguments_digest(call.tool, call.arguments)) in self._exact_approvals
+        if scope == "exact" and self._remembered_exact(
+            decision.rule, arguments_digest(call.tool, call.arguments)
         ):
             # The same tool with the same arguments was approved earlier in
             # this session with "remember": nothing else about it can differ.
@@ -441,7 +440,32 @@ class PolicyChecks(Checks):
             if len(self.session.remembered) != before:
                 self._emit(SaveApprovals(self.session.export_approvals()))
         elif scope == "exact":
-            self._exact_approvals.add((decision.rule, arguments_digest(call.tool, call.arguments)))
+            key = (decision.rule, arguments_digest(call.tool, call.arguments))
+            self._exact_approvals.add(key)
+            ledger = self.session.ledger
+            if ledger is not None:  # visor serve --state: the yes follows the session to any replica
+                try:
+                    ledger.remember_exact(*key)
+                except SharedStateError as exc:
+                    # It holds here; a replica that continues the session asks again.
+                    log.error("shared_approval_not_kept", tool=call.tool, error=str(exc))
+
+    def _remembered_exact(self, rule: str, digest: str) -> bool:
+        """Whether a human approved this exact call earlier in the session with "remember": in
+        this process, or (visor serve --state) on any replica that served the session. A store
+        that cannot answer says no: the human is asked again."""
+        if (rule, digest) in self._exact_approvals:
+            return True
+        ledger = self.session.ledger
+        if ledger is None:
+            return False
+        try:
+            shared = ledger.exact_approvals()
+        except SharedStateError as exc:
+            log.warning("shared_approvals_unreadable", error=str(exc))
+            return False
+        self._exact_approvals |= shared
+        return (rule, digest) in shared
 
     def _record_answer(
         self, msg: Message, decision: Decision, answer: ApprovalAnswer, approval_id: str, hash_: str

@@ -168,6 +168,22 @@ class SessionLink:
             raise SharedStateError("the session is gone from the shared state (expired or ended)")
         return counts_of(record)
 
+    def remember_exact(self, rule: str, digest: str) -> None:
+        from visor.state.ledger import StateUnavailable
+
+        try:
+            self._ledger.remember_exact(self.sid, rule, digest)
+        except StateUnavailable as exc:
+            raise SharedStateError(f"the shared session state cannot keep the approval ({exc})") from exc
+
+    def exact_approvals(self) -> frozenset[tuple[str, str]]:
+        from visor.state.ledger import StateUnavailable
+
+        try:
+            return self._ledger.exact_approvals(self.sid)
+        except StateUnavailable as exc:
+            raise SharedStateError(f"the shared session state cannot be read ({exc})") from exc
+
     def save_pins(self, data: dict[str, Any]) -> None:
         from visor.state.ledger import StateUnavailable
 

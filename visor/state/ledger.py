@@ -9,8 +9,10 @@ tag: a session's keys share one slot)::
                      serving it), ended "0"/"1", calls (allowed calls), pins (JSON)
     P:s:{S}:tools    hash: tool -> allowed calls of that tool
     P:s:{S}:history  list: "server\\0tool" of the last allowed calls (history_cap)
+    P:s:{S}:exact    set: "rule\\0digest" of the calls a human approved with "remember"
+                     (an approval_required ask: the exact same call again in the session)
 
-Every write sets the TTL of all three again (``touch`` too): a session nobody
+Every write sets the TTL of all four again (``touch`` too): a session nobody
 touches expires whole. Every method is one round trip; any failure (unreachable,
 timed out, an error, a reply of the wrong shape) raises ``StateUnavailable``: the
 caller fails closed (a call that cannot be counted is not made). Writes are scripts
@@ -40,19 +42,19 @@ DEFAULT_TTL_S = 2 * 900.0
 #: An MCP session id: visible ASCII (the specification's 0x21 to 0x7E), bounded here.
 _SID = re.compile(r"[\x21-\x7e]{1,256}")
 
-# KEYS: meta tools history; ARGV: ttl_ms, initialize, client, owner. Answers in words no
+# KEYS: meta tools history exact; ARGV: ttl_ms, initialize, client, owner. Answers in words no
 # constant reply ("+OK", ":1") can pass for: a relay answering anything is not a success.
 _CREATE_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'visor:exists' end
 redis.call('HSET', KEYS[1], 'initialize', ARGV[2], 'client', ARGV[3], 'owner', ARGV[4],
            'ended', '0', 'calls', '0')
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 local ttl = tonumber(ARGV[1])
 if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
 return 'visor:created'
 """
 
-# KEYS: meta tools history; ARGV: ttl_ms, field, value. Sets a field of an existing
+# KEYS: meta tools history exact; ARGV: ttl_ms, field, value. Sets a field of an existing
 # session only (never makes half a session): {1, previous value or false}, or {0}.
 _SET_FIELD_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
@@ -63,7 +65,17 @@ if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
 return {1, previous}
 """
 
-# KEYS: meta tools history; ARGV: ttl_ms, tool, history entry, history_cap, expected total ('' for any).
+# KEYS: meta tools history exact; ARGV: ttl_ms, entry. Adds an exact approval to an existing
+# session only: 'visor:remembered', or 'visor:gone'.
+_REMEMBER_EXACT_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'visor:gone' end
+redis.call('SADD', KEYS[4], ARGV[2])
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ttl) end end
+return 'visor:remembered'
+"""
+
+# KEYS: meta tools history exact; ARGV: ttl_ms, tool, history entry, history_cap, expected total ('' for any).
 # {total, tool count}, 'visor:gone' (no keys made for a session the store does not hold), or
 # 'visor:stale' (the store counts other than the caller expected: nothing is counted).
 # One script rather than MULTI/EXEC: as atomic, and half the cost on the path of every call.
@@ -119,6 +131,8 @@ class LedgerRecord:
     tool_calls: dict[str, int]
     history: tuple[tuple[str, str], ...]
     pins: dict[str, Any] | None
+    # (rule, arguments digest) of the calls a human approved with "remember" (approval_required)
+    exact: frozenset[tuple[str, str]] = frozenset()
 
 
 def check_sid(sid: str) -> str:
@@ -148,6 +162,13 @@ def _int(value: object, what: str) -> int:
     return n
 
 
+def _exact_entry(value: object) -> tuple[str, str]:
+    rule, sep, digest = _str(value, "a remembered approval").partition("\0")
+    if not sep or not rule or not digest:
+        raise StateUnavailable("malformed session record: a remembered approval without its digest")
+    return rule, digest
+
+
 class SessionLedger:
     """The gateway's sessions in one Redis/Valkey database (shared by its replicas)."""
 
@@ -168,11 +189,12 @@ class SessionLedger:
         self._create = self._r.register_script(_CREATE_LUA)
         self._set_field = self._r.register_script(_SET_FIELD_LUA)
         self._record_call = self._r.register_script(_RECORD_CALL_LUA)
+        self._remember_exact = self._r.register_script(_REMEMBER_EXACT_LUA)
 
-    def keys(self, sid: str) -> tuple[str, str, str]:
-        """The session's keys: meta, tools, history."""
+    def keys(self, sid: str) -> tuple[str, str, str, str]:
+        """The session's keys: meta, tools, history, exact."""
         base = f"{self.prefix}:s:{{{check_sid(sid)}}}:"
-        return base + "meta", base + "tools", base + "history"
+        return base + "meta", base + "tools", base + "history", base + "exact"
 
     def _c(self) -> redis.Redis:
         if self._r is None:
@@ -232,12 +254,22 @@ class SessionLedger:
 
     def load(self, sid: str) -> LedgerRecord | None:
         """The session as the store holds it; None if there is none."""
-        meta_k, tools_k, history_k = self.keys(sid)
-        meta, tools, history = self._transact(
+        meta_k, tools_k, history_k, exact_k = self.keys(sid)
+        meta, tools, history, exact = self._transact(
             "load session",
-            (("hgetall", (meta_k,)), ("hgetall", (tools_k,)), ("lrange", (history_k, 0, -1))),
+            (
+                ("hgetall", (meta_k,)),
+                ("hgetall", (tools_k,)),
+                ("lrange", (history_k, 0, -1)),
+                ("smembers", (exact_k,)),
+            ),
         )
-        if not isinstance(meta, dict) or not isinstance(tools, dict) or not isinstance(history, list):
+        if (
+            not isinstance(meta, dict)
+            or not isinstance(tools, dict)
+            or not isinstance(history, list)
+            or not isinstance(exact, set)
+        ):
             raise StateUnavailable("load session: a malformed reply from the store")
         if not meta:
             return None
@@ -268,6 +300,7 @@ class SessionLedger:
             tool_calls={_str(k, "a tool name"): _int(v, "a tool's calls") for k, v in tools.items()},
             history=tuple(calls),
             pins=pins,
+            exact=frozenset(_exact_entry(e) for e in exact),
         )
 
     def record_call(
@@ -306,6 +339,28 @@ class SessionLedger:
         ):
             raise StateUnavailable("record call: a malformed reply from the store")
         return int(reply[0]), int(reply[1])
+
+    def remember_exact(self, sid: str, rule: str, digest: str) -> None:
+        """Keep a human's "remember" yes to an exact call (approval_required) with the session.
+        Raises StateUnavailable (SessionGone for a session the store does not hold)."""
+        entry = f"{rule}\0{digest}".encode("utf-8", "surrogatepass")
+        try:
+            reply = self._remember_exact(keys=self.keys(sid), args=(self.ttl_ms, entry), client=self._c())
+        except (StateUnavailable, BadSessionId):
+            raise
+        except Exception as exc:
+            raise StateUnavailable(f"remember approval: {type(exc).__name__}: {exc}") from exc
+        if reply == b"visor:gone":
+            raise SessionGone(f"session {sid[:40]!r} is not in the state store (expired or never made)")
+        if reply != b"visor:remembered":
+            raise StateUnavailable("remember approval: a malformed reply from the store")
+
+    def exact_approvals(self, sid: str) -> frozenset[tuple[str, str]]:
+        """The session's remembered exact approvals: (rule, arguments digest)."""
+        (members,) = self._transact("read approvals", (("smembers", (self.keys(sid)[3],)),))
+        if not isinstance(members, set):
+            raise StateUnavailable("read approvals: a malformed reply from the store")
+        return frozenset(_exact_entry(e) for e in members)
 
     def save_pins(self, sid: str, data: dict[str, Any]) -> bool:
         """Keep the session's pins (``SessionState.export_pins()``). False: no such session."""
