@@ -46,11 +46,30 @@ def test_spellings_of_a_protected_path_are_caught(tmp_path: Path, prot: Protecte
 def test_relative_and_bare_names_from_inside_the_directory(
     tmp_path: Path, prot: Protected, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Relative names are read from the working directory the server was started in.
     monkeypatch.chdir(tmp_path)
-    assert prot.named_by({"p": "approvals/abc.answer"})
-    assert prot.named_by({"p": "./audit.jsonl"})
+    here = Protected.of(prot.dirs, prot.files)
+    assert here.named_by({"p": "approvals/abc.answer"})
+    assert here.named_by({"p": "./audit.jsonl"})
     monkeypatch.chdir(tmp_path / "approvals")
-    assert prot.named_by({"p": "abc.answer"})
+    inside = Protected.of(prot.dirs, prot.files)
+    assert inside.named_by({"p": "abc.answer"})
+    # given explicitly, the server's directory is the one read from, wherever Visor is now
+    monkeypatch.chdir("/")
+    assert Protected.of(prot.dirs, prot.files, cwd=str(tmp_path)).named_by({"p": "approvals/abc.answer"})
+    assert not Protected.of(prot.dirs, prot.files).named_by({"p": "approvals/abc.answer"})
+
+
+def test_the_working_directory_is_the_one_the_server_started_in(
+    tmp_path: Path, prot: Protected, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server keeps the directory it was started in: a later change of Visor's own (none is
+    # made today) does not move where the server's relative names point.
+    monkeypatch.chdir(tmp_path)
+    started_here = Protected.of(prot.dirs, prot.files)
+    monkeypatch.chdir("/")
+    assert started_here.named_by({"p": "approvals/abc.answer"})
+    assert started_here.named_by({"p": "audit.jsonl"})
 
 
 def test_home_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,9 +56,19 @@ class Protected:
     # `dirs` and `files` case-folded and NFC-normalised, for the folded comparison.
     folded_dirs: tuple[str, ...] = ()
     folded_files: tuple[str, ...] = ()
+    # The working directory relative names are read from: the server's, which it inherits from
+    # Visor when it is started and keeps. Empty: Visor's own at each call (hand-built instances).
+    cwd: str = ""
 
     @classmethod
-    def of(cls, dirs: Iterable[os.PathLike[str] | str], files: Iterable[os.PathLike[str] | str]) -> Protected:
+    def of(
+        cls,
+        dirs: Iterable[os.PathLike[str] | str],
+        files: Iterable[os.PathLike[str] | str],
+        cwd: str | None = None,
+    ) -> Protected:
+        """``cwd``: the server's working directory (default: Visor's now, which a server
+        started from here inherits). Taken once: a system call per call would cost every call."""
         real_dirs = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs}))
         real_files = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files}))
         return cls(
@@ -68,6 +78,7 @@ class Protected:
             frozenset(_ids(real_files)),
             tuple(sorted({_fold(d).rstrip("/") for d in real_dirs})),
             tuple(sorted({_fold(f) for f in real_files})),
+            cwd if cwd is not None else os.getcwd(),
         )
 
     def __bool__(self) -> bool:
@@ -93,7 +104,7 @@ class Protected:
 
     def named_by(self, arguments: object) -> str | None:
         """The first argument string that names a protected location, or None."""
-        cwd = os.getcwd()
+        cwd = self.cwd or os.getcwd()
         cached = _LOOSE.get(id(self))
         if cached is not None and cached[0] is self and cached[1] == cwd:
             loose, bare = cached[2], cached[3]
