@@ -100,3 +100,35 @@ def test_metrics_need_the_client_token_when_one_is_set(tmp_path: Path) -> None:
             headers={"Authorization": f"Bearer {TOKEN}", "Origin": "http://evil.test"},
         )
         assert foreign.status == 403
+
+
+def test_the_page_of_several_workers_labels_each_and_refuses_a_malformed_snapshot() -> None:
+    # Pure: what a worker answering a scrape does with the others' figures (visor/serve/metrics.py).
+    import pytest
+
+    from visor.serve.metrics import GatewayMetrics, render
+
+    one, two = GatewayMetrics(), GatewayMetrics()
+    for m, verdict in ((one, "allow"), (two, "allow"), (two, 'de"ny\n')):
+        m.gated(
+            method="tools/call", tool="t", verdict=verdict, rule="r", start_ns=0, end_ns=1, evaluation_s=None
+        )
+    one.committed(0.0003)
+    page = render([(0, one.snapshot(sessions_open=1)), (1, two.snapshot(sessions_open=2))])
+    lines = page.splitlines()
+    assert 'visor_requests_total{worker="0",verdict="allow",method="tools/call"} 1' in lines
+    assert 'visor_requests_total{worker="1",verdict="de\\"ny\\n",method="tools/call"} 1' in lines
+    assert 'visor_sessions_open{worker="1"} 2' in lines
+    assert 'visor_audit_commit_seconds_bucket{worker="0",le="0.0005"} 1' in lines
+    assert 'visor_audit_commit_seconds_count{worker="1"} 0' in lines
+    assert "visor_workers_reporting 2" in lines
+    assert sum(1 for ln in lines if ln == "# TYPE visor_requests_total counter") == 1
+    # one process: no worker label, no reporting gauge
+    alone = render([(None, one.snapshot(sessions_open=1))]).splitlines()
+    assert "visor_sessions_open 1" in alone and not any("worker" in ln for ln in alone)
+    broken = one.snapshot(sessions_open=1)
+    broken["commit"] = {"counts": [1], "count": 1, "total": 0.1}  # other buckets
+    with pytest.raises(ValueError):
+        render([(0, broken)])
+    with pytest.raises(KeyError):
+        render([(0, {"verdicts": []})])

@@ -269,7 +269,7 @@ class Forwarder:
     async def _peer_snapshot(self, index: int, token: str | None) -> dict[str, Any] | None:
         from aiohttp import ClientError, ClientTimeout
 
-        from visor.serve.metrics import SNAPSHOT_QUERY
+        from visor.serve.metrics import SNAPSHOT_QUERY, render
 
         # Our own request over the private socket: a loopback Host passes the DNS-rebinding check
         # of a loopback listener, and the client token (when one is set) the token check.
@@ -290,14 +290,14 @@ class Forwarder:
         except (ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             log.info("peer_metrics_unavailable", worker=index, error=str(exc) or type(exc).__name__)
             return None
-        from visor.serve.metrics import render
-
         try:
+            if not isinstance(snapshot, dict):
+                raise TypeError(f"a JSON {type(snapshot).__name__}, not an object")
             render([(index, snapshot)])  # what the page will do with it
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             log.warning("peer_metrics_malformed", worker=index, error=repr(exc))
             return None
-        return snapshot if isinstance(snapshot, dict) else None
+        return snapshot
 
     async def close(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
