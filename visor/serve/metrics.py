@@ -47,17 +47,16 @@ class _Histogram:
         return {"counts": list(self.counts), "count": self.count, "total": self.total}
 
     @classmethod
-    def of(cls, snapshots: list[dict[str, Any]]) -> _Histogram:
-        """The sum of several processes' histograms (the same buckets everywhere)."""
-        merged = cls()
-        for snap in snapshots:
-            counts = snap["counts"]
-            if len(counts) != len(BUCKETS):
-                raise ValueError("a histogram with other buckets")
-            merged.counts = [a + int(b) for a, b in zip(merged.counts, counts, strict=True)]
-            merged.count += int(snap["count"])
-            merged.total += float(snap["total"])
-        return merged
+    def from_snapshot(cls, snap: dict[str, Any]) -> _Histogram:
+        """A histogram from `snapshot()`'s data (another worker's); ValueError on other buckets."""
+        counts = snap["counts"]
+        if len(counts) != len(BUCKETS):
+            raise ValueError("a histogram with other buckets")
+        out = cls()
+        out.counts = [int(c) for c in counts]
+        out.count = int(snap["count"])
+        out.total = float(snap["total"])
+        return out
 
     def lines(self, name: str, label: str = "") -> list[str]:
         """The samples of the histogram; ``label``: ``worker="I",`` put before ``le``."""
@@ -145,9 +144,6 @@ class GatewayMetrics:
                 "fsync": self._fsync.snapshot(),
             }
 
-    def render(self, sessions_open: int) -> str:
-        return render([(None, self.snapshot(sessions_open))])
-
 
 def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
     """The exposition page of one process's snapshot (``[(None, snapshot)]``) or of several
@@ -176,8 +172,8 @@ def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
         sessions.append(f"visor_sessions_open{labels(index)} {int(snap['sessions_open'])}")
         pending.append(f"visor_approvals_pending{labels(index)} {int(snap['approvals_pending'])}")
         worker = f'worker="{index}",' if index is not None else ""
-        commit += _Histogram.of([snap["commit"]]).lines("visor_audit_commit_seconds", worker)
-        fsync += _Histogram.of([snap["fsync"]]).lines("visor_audit_fsync_seconds", worker)
+        commit += _Histogram.from_snapshot(snap["commit"]).lines("visor_audit_commit_seconds", worker)
+        fsync += _Histogram.from_snapshot(snap["fsync"]).lines("visor_audit_fsync_seconds", worker)
     lines = [
         "# HELP visor_requests_total Gated requests by final verdict and MCP method.",
         "# TYPE visor_requests_total counter",

@@ -201,6 +201,17 @@ class SessionLedger:
             raise StateUnavailable("the session ledger is closed")
         return self._r
 
+    def _script(self, script: Any, sid: str, args: tuple[Any, ...], what: str) -> Any:
+        """Run one of the session's scripts on its keys: its reply, or StateUnavailable (a bad
+        session id is refused before any round trip)."""
+        keys = self.keys(sid)
+        try:
+            return script(keys=keys, args=args, client=self._c())
+        except StateUnavailable:
+            raise
+        except Exception as exc:
+            raise StateUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
     def _transact(self, what: str, build: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         try:
             pipe = self._c().pipeline(transaction=True)
@@ -217,12 +228,7 @@ class SessionLedger:
 
     def _field(self, sid: str, field: str, value: bytes, what: str) -> tuple[bool, object]:
         """Set one field of an existing session: (whether it exists, the previous value)."""
-        try:
-            reply = self._set_field(keys=self.keys(sid), args=(self.ttl_ms, field, value), client=self._c())
-        except (StateUnavailable, BadSessionId):
-            raise
-        except Exception as exc:
-            raise StateUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        reply = self._script(self._set_field, sid, (self.ttl_ms, field, value), what)
         if not isinstance(reply, list) or not reply or reply[0] not in (0, 1):
             raise StateUnavailable(f"{what}: a malformed reply from the store")
         if reply[0] == 0:
@@ -236,17 +242,9 @@ class SessionLedger:
         the store cannot record it."""
         if not isinstance(initialize, bytes) or not initialize:
             raise ValueError("initialize: the client's initialize request line, as non-empty bytes")
-        keys = self.keys(sid)
-        try:
-            made = self._create(
-                keys=keys,
-                args=(self.ttl_ms, initialize, client.encode(), owner.encode()),
-                client=self._c(),
-            )
-        except StateUnavailable:
-            raise
-        except Exception as exc:
-            raise StateUnavailable(f"create session: {type(exc).__name__}: {exc}") from exc
+        made = self._script(
+            self._create, sid, (self.ttl_ms, initialize, client.encode(), owner.encode()), "create session"
+        )
         if made == b"visor:exists":
             raise StateConflict(f"session {sid[:40]!r} already exists in the state store")
         if made != b"visor:created":
@@ -310,24 +308,15 @@ class SessionLedger:
         With ``expect_total``, only if the store's total is still that (else StaleCounts, and
         nothing is counted). Raises StateUnavailable (SessionGone for a session the store does
         not hold)."""
-        keys = self.keys(sid)
         entry = f"{server}\0{tool}".encode("utf-8", "surrogatepass")
-        try:
-            reply = self._record_call(
-                keys=keys,
-                args=(
-                    self.ttl_ms,
-                    tool.encode("utf-8", "surrogatepass"),
-                    entry,
-                    max(0, history_cap),
-                    b"" if expect_total is None else str(expect_total).encode(),
-                ),
-                client=self._c(),
-            )
-        except StateUnavailable:
-            raise
-        except Exception as exc:
-            raise StateUnavailable(f"record call: {type(exc).__name__}: {exc}") from exc
+        args = (
+            self.ttl_ms,
+            tool.encode("utf-8", "surrogatepass"),
+            entry,
+            max(0, history_cap),
+            b"" if expect_total is None else str(expect_total).encode(),
+        )
+        reply = self._script(self._record_call, sid, args, "record call")
         if reply == b"visor:stale":
             raise StaleCounts(f"session {sid[:40]!r}: the store counts calls this replica did not make")
         if reply == b"visor:gone":
@@ -344,12 +333,7 @@ class SessionLedger:
         """Keep a human's "remember" yes to an exact call (approval_required) with the session.
         Raises StateUnavailable (SessionGone for a session the store does not hold)."""
         entry = f"{rule}\0{digest}".encode("utf-8", "surrogatepass")
-        try:
-            reply = self._remember_exact(keys=self.keys(sid), args=(self.ttl_ms, entry), client=self._c())
-        except (StateUnavailable, BadSessionId):
-            raise
-        except Exception as exc:
-            raise StateUnavailable(f"remember approval: {type(exc).__name__}: {exc}") from exc
+        reply = self._script(self._remember_exact, sid, (self.ttl_ms, entry), "remember approval")
         if reply == b"visor:gone":
             raise SessionGone(f"session {sid[:40]!r} is not in the state store (expired or never made)")
         if reply != b"visor:remembered":
