@@ -210,3 +210,21 @@ def test_a_scaffolded_policy_states_its_limits() -> None:
     assert policy.settings.session_max_calls is None
     assert policy.settings.session_timeout_seconds is None
     assert policy.settings.approval_timeout_seconds == 120
+
+
+def test_a_long_project_path_is_written_whole_in_the_confinement_comment(tmp_path: Path) -> None:
+    # A server-provided text is cut at a width; the root the writes are confined to is the user's
+    # own path and the point of its comment line, so it is never cut, however deep the project.
+    from visor.install.scaffold import render_policy
+    from visor.install.stdio_client import Listing
+
+    root = str(tmp_path / ("a-rather-long-directory-name-" * 6) / "project")
+    tools = (
+        {"name": "write_file", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}},
+    )
+    listing = Listing({"name": "files", "version": "1"}, "2025-11-25", {}, tools)
+    text = render_policy(listing, "files", ["files-server"], root)
+    assert f"through path: confined to {root}" in text
+    out = tmp_path / "files.yaml"
+    out.write_text(text)
+    assert load_policy(out).servers[0].tools["write_file"].allowed_path_prefixes == (root,)

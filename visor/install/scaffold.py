@@ -238,7 +238,8 @@ def render_policy(listing: Listing, server_name: str, command: list[str], root: 
         desc = _comment(str(tool.get("description", "")).split("\n", 1)[0], 90)
         if desc:
             out.append(f"      # {plan.name}: {_comment(desc)}")
-        out.extend(f"      #   {_comment(w, 110)}" for w in plan.why)
+        # The confinement root is the user's own path and the point of its line: never cut.
+        out.extend(f"      #   {_comment(w, 110 + len(root))}" for w in plan.why)
         out.append(f"      - name: {_q(plan.name)}")
         out.append("        allowed: true")
         if plan.exfiltrating is not None:
