@@ -65,11 +65,14 @@ services:
 MYPY_PATHS := visor
 
 # tests/eval needs AgentDojo, which only `make eval` installs: it runs there.
+# The suite runs on every core (pytest-xdist), but for the conformance comparison: it runs three
+# suites of its own at once, and beside it other tests' waits for a server stretch tenfold.
 test: $(STAMP) $(NODE_SERVER) go-toolchain services conformance-tools
 	$(BIN)/ruff check visor tests
 	$(BIN)/ruff format --check visor tests
 	$(BIN)/python -m mypy $(MYPY_PATHS)
-	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/eval
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=15 --ignore=tests/eval --ignore=tests/conformance
+	$(BIN)/python -m pytest -q -rs tests/conformance
 
 # The demo needs Visor and its runtime dependencies only, not the test extras.
 demo:

@@ -77,13 +77,14 @@ class VisorProcess:
     def request(self, obj: dict) -> None:
         self.send(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
 
-    def recv_raw(self, timeout: float = 10.0) -> bytes:
+    # Generous: the suite runs on every core at once (pytest-xdist), and a wait only ends early.
+    def recv_raw(self, timeout: float = 30.0) -> bytes:
         line = self._lines.get(timeout=timeout)
         if line is None:
             raise EOFError("visor closed its stdout")
         return line
 
-    def recv(self, timeout: float = 10.0) -> dict:
+    def recv(self, timeout: float = 30.0) -> dict:
         return json.loads(self.recv_raw(timeout))
 
     def no_output(self, wait: float = 0.3) -> bool:
@@ -98,7 +99,7 @@ class VisorProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
 
-    def wait(self, timeout: float = 20.0) -> int:
+    def wait(self, timeout: float = 30.0) -> int:
         return self.proc.wait(timeout)
 
     def remaining_output(self, timeout: float = 10.0) -> list[bytes]:
