@@ -111,3 +111,46 @@ def test_a_protected_directory_renamed_after_start_up_is_still_protected(
     assert prot.named_by({"p": f"{moved}/approvals/x.pending"})
     assert prot.named_by({"p": f"{moved}/approvals"})
     assert prot.named_by({"p": f"{moved}"}) is None  # its parent is not ours
+
+
+@pytest.mark.parametrize(
+    "spell",
+    [
+        "{d}/approvals/abc.answer",
+        "'{d}/approvals/abc.answer'",
+        '"{d}/approvals/abc.answer"',
+        "echo yes > '{d}/approvals/abc.answer'",
+        "echo yes >{d}/approvals/abc.answer",
+        "cp x {e}/approvals/abc.answer",
+        "cat {e}/audit.jsonl.1",
+        "--out={d}/approvals/abc.answer",
+        "--out='{d}/approvals/abc.answer'",
+        "sh -c \"cat '{d}/audit.jsonl'\"",
+        "'{d}'/approvals/abc.answer",
+        "{d}/approvals/abc.answer\n",
+    ],
+)
+def test_a_home_with_spaces_is_caught_however_a_shell_or_an_argument_spells_it(
+    tmp_path: Path, spell: str
+) -> None:
+    # Visor's files under a folder whose name holds spaces ("/Users/Jane Doe"): a quoted or
+    # backslash-escaped name, or an `--out=PATH` taken as one argument, keeps the spaces, and is
+    # still the protected file. Splitting at white space alone found none of these.
+    home = tmp_path / "Jane Doe" / "Ünï côde"
+    (home / "approvals").mkdir(parents=True)
+    prot = Protected.of([home / "approvals"], [home / "audit.jsonl"])
+    text = spell.format(d=home, e=str(home).replace(" ", "\\ "))
+    assert prot.named_by({"command": text}) == text
+
+
+def test_a_text_with_spaces_that_names_another_file_is_not_caught(tmp_path: Path) -> None:
+    home = tmp_path / "Jane Doe"
+    (home / "approvals").mkdir(parents=True)
+    prot = Protected.of([home / "approvals"], [home / "audit.jsonl"])
+    for text in (
+        f"cat '{home}/notes.txt'",
+        f"--out={home}/approvals-old/x",
+        f"echo 'unclosed {home}/audit.jsonl-copy",
+        "a sentence with a/slash in it",
+    ):
+        assert prot.named_by({"command": text}) is None, text

@@ -35,6 +35,10 @@ from visor.policy.schema import Glob
 # Separators of the words a path can hide between in a longer string (a
 # command line, a redirect, an option `--out=PATH`, a quoted name).
 _WORDS = re.compile(r"[\s<>|;&'\"`=(),]+")
+# The same, but for white space: a protected path may itself hold spaces (a home folder
+# "/Users/Jane Doe"), and a quoted name, an `--out=PATH` taken as one argument or a path
+# after a redirect keeps them; split at white space too, such a path names nothing.
+_PIECES = re.compile(r"[<>|;&'\"`=(),]+")
 
 # id(Protected) -> (the instance, working directory, whether any bare name there
 # may be protected, the folded names of protected entries directly in it)
@@ -149,6 +153,9 @@ class Protected:
             return False
         candidates = {text}
         candidates.update(w for w in _WORDS.split(text) if w)
+        if not text.isprintable() or " " in text:
+            candidates.update(p for w in _PIECES.split(text) if (p := w.strip()))
+            candidates.update(_shell_words(text))
         for c in list(candidates):
             # percent-encoding, twice over for a server that decodes twice
             while "%" in c and (d := unquote(c)) != c and d not in candidates:
@@ -251,6 +258,20 @@ def _ids(paths: Iterable[str]) -> Iterable[tuple[int, int]]:
         except (OSError, ValueError):
             continue
         yield (st.st_dev, st.st_ino)
+
+
+def _shell_words(text: str) -> Iterable[str]:
+    """The words a POSIX shell would make of `text` (quotes and backslash escapes undone), and
+    what follows the first ``=`` of each (``--out=PATH``); nothing when it does not parse."""
+    import shlex
+
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: the other readings stand
+        return ()
+    return [*words, *(w.split("=", 1)[1] for w in words if "=" in w)]
 
 
 def _forms(word: str) -> Iterable[str]:
