@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -40,8 +41,8 @@ def test_ask_prints_the_id_and_the_answering_command_and_approve_finds_the_direc
         err = _stderr_until(vp, approval_id)
         line = next(ln for ln in err.splitlines() if approval_id in ln)
         assert "ask" in line and "echo" in line
-        assert f"visor approve --approval-dir {adir} {approval_id}" in line
-        assert f"visor deny --approval-dir {adir} {approval_id}" in line
+        assert f"visor approve --approval-dir {shlex.quote(str(adir))} {approval_id}" in line
+        assert f"visor deny --approval-dir {shlex.quote(str(adir))} {approval_id}" in line
         assert "\x1b" not in err
         # `visor approve` with no --approval-dir lists it: the run registered its directory
         env = {**os.environ}
