@@ -143,6 +143,24 @@ def test_a_home_with_spaces_is_caught_however_a_shell_or_an_argument_spells_it(
     assert prot.named_by({"command": text}) == text
 
 
+@pytest.mark.parametrize(
+    "spell",
+    [
+        "{d}/approvals/abc.answer",
+        '"{d}/approvals/abc.answer"',
+        'echo yes > "{d}/audit.jsonl"',
+        "cat {e}/audit.jsonl",
+        '--out="{d}/approvals/x"',
+    ],
+)
+def test_a_home_with_a_quote_in_its_name_is_caught_in_a_shell_spelling(tmp_path: Path, spell: str) -> None:
+    home = tmp_path / "O'Brien"
+    (home / "approvals").mkdir(parents=True)
+    prot = Protected.of([home / "approvals"], [home / "audit.jsonl"])
+    text = spell.format(d=home, e=str(home).replace("'", "\\'"))
+    assert prot.named_by({"command": text}) == text
+
+
 def test_a_text_with_spaces_that_names_another_file_is_not_caught(tmp_path: Path) -> None:
     home = tmp_path / "Jane Doe"
     (home / "approvals").mkdir(parents=True)

@@ -153,7 +153,7 @@ class Protected:
             return False
         candidates = {text}
         candidates.update(w for w in _WORDS.split(text) if w)
-        if not text.isprintable() or " " in text:
+        if not text.isprintable() or any(ch in text for ch in " '\"\\"):
             candidates.update(p for w in _PIECES.split(text) if (p := w.strip()))
             candidates.update(_shell_words(text))
         for c in list(candidates):
