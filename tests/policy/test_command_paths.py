@@ -105,7 +105,7 @@ def test_a_command_string_the_reader_refuses_is_still_searched_for_sensitive_fil
     work.mkdir()
     (work / ".env").write_text("MARKER-KEY\n")
     (work / "notes").symlink_to(home / ".ssh" / "id_rsa")
-    command = template.format(link=work / "notes", spaced=tmp_path / "Jane Doe" / ".ssh")
+    command = template.format(link=shlex.quote(str(work / "notes")), spaced=tmp_path / "Jane Doe" / ".ssh")
     ran = subprocess.run(
         ["bash", "-c", command], cwd=work, env={"HOME": str(home), "PATH": os.environ["PATH"]},
         capture_output=True, text=True, timeout=30,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,7 @@ def test_a_home_with_a_quote_in_its_name_is_caught_in_a_shell_spelling(tmp_path:
     home = tmp_path / "O'Brien"
     (home / "approvals").mkdir(parents=True)
     prot = Protected.of([home / "approvals"], [home / "audit.jsonl"])
-    text = spell.format(d=home, e=str(home).replace("'", "\\'"))
+    text = spell.format(d=home, e=re.sub(r"([' ])", r"\\\1", str(home)))
     assert prot.named_by({"command": text}) == text
 
 

@@ -8,6 +8,7 @@ like the audit log and the approval directory, through a real `visor run`.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_the_key_named_and_the_default_key_folder_are_protected(tmp_path: Path) 
     prot = Protected.of([signing_key_dir()], signing_key_files(str(key)))
     assert prot.named_by({"path": str(key)}) == str(key)
     assert prot.named_by({"path": str(key.with_suffix(".pub"))})
-    assert prot.named_by({"cmd": f"cat {key}.bak"})
+    assert prot.named_by({"cmd": f"cat {shlex.quote(str(key))}.bak"})
     assert prot.named_by({"path": str(Path(os.environ["VISOR_HOME"]) / "keys" / "x.key")})
     assert prot.named_by({"path": str(tmp_path / "elsewhere" / "notes.txt")}) is None
     assert signing_key_files(None) == []
