@@ -18,6 +18,13 @@ from tests.approval.helpers import SERVER, records, write_policy
 class _TtyVisor:
     def __init__(self, tmp_path: Path, timeout: int = 60) -> None:
         self.master, slave = os.openpty()
+        self.terminal = os.ttyname(slave)
+        # The terminal's user, as the record must name them: as root, another user's terminal (a
+        # /dev/tty opened by root is root's own device whoever sits at the terminal).
+        self.terminal_uid = os.geteuid()
+        if self.terminal_uid == 0:
+            self.terminal_uid = 65534
+            os.chown(self.terminal, self.terminal_uid, -1)
         self.log = tmp_path / "received.jsonl"
         self.audit = tmp_path / "audit.jsonl"
         policy = write_policy(tmp_path, timeout)
@@ -91,7 +98,8 @@ def test_a_yes_on_the_terminal_approves_and_stdin_cannot(tmp_path: Path) -> None
     finally:
         tv.close()
     approve = next(r for r in records(tv.audit) if r["event"] == "approve")
-    assert approve["channel"] == "tty" and f"uid {os.geteuid()}" in approve["who"]
+    assert approve["channel"] == "tty"
+    assert f"uid {tv.terminal_uid}, {tv.terminal}" in approve["who"], approve["who"]
     assert [r["event"] for r in records(tv.audit) if r.get("id") == 1 and r["event"] != "result"] == [
         "ask",
         "approve",

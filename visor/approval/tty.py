@@ -13,6 +13,7 @@ import contextlib
 import os
 import pwd
 import select
+import stat
 import termios
 import threading
 
@@ -38,12 +39,52 @@ def probe(path: str = TTY_PATH) -> None:
     os.close(fd)
 
 
-def _who(fd: int) -> str:
-    uid = os.fstat(fd).st_uid  # a terminal belongs to the user logged in on it
+# /dev/tty itself: a character device of its own (5, 0), owned by root whoever opens it.
+_TTY_ALIAS = os.makedev(5, 0)
+
+
+def _controlling_terminal() -> tuple[str, os.stat_result] | None:
+    """The device behind this process's /dev/tty (Linux: /proc/self/stat's tty_nr), or None."""
     try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid}, {os.ttyname(fd)})"
-    except (KeyError, OSError):
-        return f"uid {uid}"
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read()
+        # the command name (field 2) is in parentheses and may hold anything: read after its end
+        tty_nr = int(fields[fields.rindex(b")") + 2 :].split()[4])
+    except (OSError, ValueError, IndexError):
+        return None
+    if tty_nr == 0:
+        return None
+    device = os.makedev((tty_nr >> 8) & 0xFFF, (tty_nr & 0xFF) | ((tty_nr >> 12) & 0xFFF00))
+    for folder in ("/dev/pts", "/dev"):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_rdev == device and stat.S_ISCHR(st.st_mode):
+                        return entry.path, st
+    return None
+
+
+def _who(fd: int) -> str:
+    """Who answered: the user a terminal belongs to (the one logged in on it)."""
+    st = os.fstat(fd)
+    name: str | None = None
+    if st.st_rdev == _TTY_ALIAS:
+        # Opened as /dev/tty: its own owner is root, not the terminal's user.
+        found = _controlling_terminal()
+        if found is None:
+            uid = os.getuid()
+            return f"the controlling terminal of uid {uid} (its owner could not be read)"
+        name, st = found
+    else:
+        with contextlib.suppress(OSError):
+            name = os.ttyname(fd)
+    uid = st.st_uid
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}, {name}" if name else f"uid {uid}"
+    return f"{user} (uid {uid}, {name})" if name else f"{user} (uid {uid})"
 
 
 def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalAnswer | None:
