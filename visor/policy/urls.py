@@ -130,9 +130,13 @@ def _punycode_ok(label: str) -> bool:
     return (again.decode("ascii", "replace") if isinstance(again, bytes) else str(again)) == label
 
 
+# The components `_whatwg` reads.
+_WHATWG_PARTS = ("protocol", "hostname", "port", "username", "password", "pathname", "search")
+
+
 def _whatwg(raw: str) -> tuple[Reading, str, str] | None:
     try:
-        parts = ada.parse_url(raw)
+        parts = ada.parse_url(raw, _WHATWG_PARTS)
     except ValueError:
         return None
     scheme = parts["protocol"][:-1].lower()
