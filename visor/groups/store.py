@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from visor.audit.paths import visor_home
 from visor.groups import identity
@@ -91,6 +91,23 @@ _SCHEMA = (
 
 
 # ------------------------------------------------------------------ errors
+
+
+def enter_wal(conn: sqlite3.Connection, deadline: float) -> Any:
+    """``PRAGMA journal_mode = WAL``, tried again until `deadline` while the file is locked.
+
+    Servers a client starts at once create and join one store together. Switching a new file
+    to WAL takes its exclusive lock, and SQLite answers "database is locked" at once, without
+    waiting out the busy timeout, where waiting could deadlock two connections that both read
+    the file first; the switch succeeds once the other has made it."""
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
 
 
 class GroupStoreError(Exception):
@@ -388,7 +405,7 @@ class GroupStore:
         except sqlite3.Error as exc:
             raise _map_error(exc, f"cannot open {self.path}") from exc
         try:
-            self._init(conn, max_keys, client)
+            self._init(conn, max_keys, client, time.monotonic() + join_timeout)
             after = os.lstat(self.path)
         except BaseException as exc:
             conn.close()
@@ -405,8 +422,10 @@ class GroupStore:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         self._conn = conn
 
-    def _init(self, conn: sqlite3.Connection, max_keys: int, client: identity.GroupIdentity | None) -> None:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    def _init(
+        self, conn: sqlite3.Connection, max_keys: int, client: identity.GroupIdentity | None, deadline: float
+    ) -> None:
+        mode = enter_wal(conn, deadline)
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreReadOnly(f"{self.path}: WAL mode refused (journal_mode {mode and mode[0]!r})")
         conn.execute("PRAGMA synchronous = OFF")
