@@ -21,7 +21,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +30,8 @@ from typing import Any
 
 import orjson
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
+from visor.bench.scratch import ScratchError, scratch_folder
 
 PY = sys.executable
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
@@ -298,7 +299,7 @@ async def stdio_pipelined(tmp: Path, work: Work) -> float:
 def run(work: Work) -> dict[str, Any]:
     from visor.audit.probe import fsync_latency_probe
 
-    with tempfile.TemporaryDirectory(prefix="visor-bench-http-", dir=os.getcwd()) as name:
+    with scratch_folder("visor-bench-http-") as name:
         tmp = Path(name)
         fsync_us = fsync_latency_probe(tmp, samples=50) * 1e6
         with echo_server() as upstream:
@@ -377,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller workloads, for a smoke run")
     parser.add_argument("--output", metavar="FILE", help="write the figures as JSON here")
     args = parser.parse_args(argv)
-    data = run(Work.quick() if args.quick else Work())
+    try:
+        data = run(Work.quick() if args.quick else Work())
+    except ScratchError as exc:
+        print(f"python -m visor.bench.http_rows: {exc}", file=sys.stderr)
+        return 1
     print(render(data))
     if args.output:
         Path(args.output).write_text(json.dumps(data, indent=2) + "\n")

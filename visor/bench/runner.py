@@ -14,7 +14,6 @@ import platform
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Any
 
 import orjson
 import uvloop
+
+from visor.bench.scratch import ScratchError, scratch_folder
 
 PY = sys.executable
 ECHO_SERVER = [PY, "-m", "visor.bench.echo_server"]
@@ -485,7 +486,12 @@ def run_bench(args: argparse.Namespace) -> int:
     user_server = getattr(args, "server_cmd", None)
     # progress only where a person watches (a terminal), or when asked for
     say = _progress(getattr(args, "progress", False) or sys.stderr.isatty())
-    with tempfile.TemporaryDirectory(prefix="visor-bench-", dir=os.getcwd()) as tmp_name:
+    try:
+        folder = scratch_folder("visor-bench-")
+    except ScratchError as exc:
+        print(f"visor bench: {exc}", file=sys.stderr)
+        return 1
+    with folder as tmp_name:
         tmp = Path(tmp_name)
         # Every visor run the bench starts keeps its group stores, pins and approvals here, never
         # in the user's own $VISOR_HOME (the children inherit this process's environment).
