@@ -35,7 +35,8 @@ _LOCAL_RE = re.compile(r"[^\s@<>()\[\]\\,;:\"'`]+")
 # A domain after UTS 46: letter-digit-hyphen labels (underscore tolerated, as
 # resolvers tolerate it), at least two labels, the last not all digits.
 _DOMAIN_RE = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)+[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
-_SIMPLE_SPECIALS = frozenset('"()[]\\ \t\r\n')
+# Quotes, comments, literals, escapes and folding white space: none of them in the common address.
+_SIMPLE_SPECIAL_RE = re.compile(r'["()\[\]\\ \t\r\n]')
 _MAX_DEPTH = 8  # nested comments deeper than this are not an address
 
 
@@ -196,7 +197,7 @@ def read_address(raw: str) -> Address | None:
         # compatibility forms (fullwidth, modifier letters) are one mailbox
         # to a lenient mailer: NFKC, as destinations._clean applies to text
         s = unicodedata.normalize("NFKC", s)
-    if s.isascii() and not any(c in _SIMPLE_SPECIALS for c in s):
+    if s.isascii() and _SIMPLE_SPECIAL_RE.search(s) is None:
         # the common case: one "@", no quotes, comments or literals
         if s.count("@") != 1:
             return None
