@@ -155,7 +155,8 @@ class Protected:
         candidates.update(w for w in _WORDS.split(text) if w)
         if not text.isprintable() or any(ch in text for ch in " '\"\\"):
             candidates.update(p for w in _PIECES.split(text) if (p := w.strip()))
-            candidates.update(_shell_words(text))
+            if "'" in text or '"' in text or "\\" in text:  # else the shell's words are the split above
+                candidates.update(_shell_words(text))
         for c in list(candidates):
             # percent-encoding, twice over for a server that decodes twice
             while "%" in c and (d := unquote(c)) != c and d not in candidates:
