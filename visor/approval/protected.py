@@ -7,8 +7,9 @@ prefix covers it (a home directory) would let the agent approve its own call.
 The audit log, the pin file and the policy are as much Visor's own. So every
 string in a call's arguments that reads as a path (absolute, `~`, relative
 to the working directory Visor and its server share, a `file:` URI,
-percent-encoded, or a word of a longer string) is resolved and compared with
-these locations, whatever the policy allows.
+percent-encoded, a word of a longer string, or a word as a POSIX shell reads
+it, quotes and escapes undone, so a folder named "Jane Doe" is still found) is
+resolved and compared with these locations, whatever the policy allows.
 
 Every reading a server could take counts (``visor.policy.paths.forms``):
 backslashes as separators or as name characters, the lexical and the kernel
