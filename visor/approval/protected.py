@@ -32,14 +32,7 @@ from urllib.parse import unquote
 
 from visor.policy.paths import PathError, forms
 from visor.policy.schema import Glob
-
-# Separators of the words a path can hide between in a longer string (a
-# command line, a redirect, an option `--out=PATH`, a quoted name).
-_WORDS = re.compile(r"[\s<>|;&'\"`=(),]+")
-# The same, but for white space: a protected path may itself hold spaces (a home folder
-# "/Users/Jane Doe"), and a quoted name, an `--out=PATH` taken as one argument or a path
-# after a redirect keeps them; split at white space too, such a path names nothing.
-_PIECES = re.compile(r"[<>|;&'\"`=(),]+")
+from visor.policy.shell import loose_words
 
 # id(Protected) -> (the instance, working directory, whether any bare name there
 # may be protected, the folded names of protected entries directly in it)
@@ -152,12 +145,10 @@ class Protected:
     def _names(self, text: str, cwd: str, loose: bool, ids: list[frozenset[tuple[int, int]]]) -> bool:
         if not loose and not _PATHISH.search(text):
             return False
+        # the whole string, and each word a path can hide as in a longer one (a command line, a
+        # redirect, an option `--out=PATH`, a quoted name, one with spaces in it)
         candidates = {text}
-        candidates.update(w for w in _WORDS.split(text) if w)
-        if not text.isprintable() or any(ch in text for ch in " '\"\\"):
-            candidates.update(p for w in _PIECES.split(text) if (p := w.strip()))
-            if "'" in text or '"' in text or "\\" in text:  # else the shell's words are the split above
-                candidates.update(_shell_words(text))
+        candidates.update(loose_words(text))
         for c in list(candidates):
             # percent-encoding, twice over for a server that decodes twice
             while "%" in c and (d := unquote(c)) != c and d not in candidates:
@@ -260,20 +251,6 @@ def _ids(paths: Iterable[str]) -> Iterable[tuple[int, int]]:
         except (OSError, ValueError):
             continue
         yield (st.st_dev, st.st_ino)
-
-
-def _shell_words(text: str) -> Iterable[str]:
-    """The words a POSIX shell would make of `text` (quotes and backslash escapes undone), and
-    what follows the first ``=`` of each (``--out=PATH``); nothing when it does not parse."""
-    import shlex
-
-    try:
-        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        words = list(lexer)
-    except ValueError:  # an unclosed quote: the other readings stand
-        return ()
-    return [*words, *(w.split("=", 1)[1] for w in words if "=" in w)]
 
 
 def _forms(word: str) -> Iterable[str]:

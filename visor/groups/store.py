@@ -93,23 +93,6 @@ _SCHEMA = (
 # ------------------------------------------------------------------ errors
 
 
-def enter_wal(conn: sqlite3.Connection, deadline: float) -> Any:
-    """``PRAGMA journal_mode = WAL``, tried again until `deadline` while the file is locked.
-
-    Servers a client starts at once create and join one store together. Switching a new file
-    to WAL takes its exclusive lock, and SQLite answers "database is locked" at once, without
-    waiting out the busy timeout, where waiting could deadlock two connections that both read
-    the file first; the switch succeeds once the other has made it."""
-    while True:
-        try:
-            return conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        except sqlite3.OperationalError as exc:
-            text = str(exc).lower()
-            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
-                raise
-        time.sleep(0.005)
-
-
 class GroupStoreError(Exception):
     """The store could not do what was asked: the caller fails closed."""
 
@@ -331,6 +314,23 @@ class GroupBackend(Protocol):
     def approved(self, dest: str, *, tool: str | None = None, argument: str | None = None) -> bool | None: ...
 
     def close(self) -> None: ...
+
+
+def enter_wal(conn: sqlite3.Connection, deadline: float) -> Any:
+    """``PRAGMA journal_mode = WAL``, tried again until `deadline` while the file is locked.
+
+    Servers a client starts at once create and join one store together. Switching a new file
+    to WAL takes its exclusive lock, and SQLite answers "database is locked" at once, without
+    waiting out the busy timeout, where waiting could deadlock two connections that both read
+    the file first; the switch succeeds once the other has made it."""
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            text = str(exc).lower()
+            if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
 
 
 class GroupStore:

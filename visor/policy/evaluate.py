@@ -15,7 +15,6 @@ session's own memo tables, filled by reading.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -270,7 +269,7 @@ def check_command_paths(c: _Ctx) -> Decision | None:
         if not reading.certain:
             # A string the reader refuses (`bash -c '...'`, `eval`, a here-document) still runs:
             # every run of characters in it may be a file name some shell gives a program.
-            words = itertools.chain(words, _unread_words(cmd))
+            words = itertools.chain(words, shell.loose_words(cmd))
         for word in words:
             try:
                 found = paths.forms(word)
@@ -298,28 +297,6 @@ def _command_path_words(reading: shell.Reading) -> Iterator[str]:
             yield word
             if word.startswith("-") and "=" in word:
                 yield word.split("=", 1)[1]  # --key-file=PATH
-
-
-# What separates the words of a command string that no reading is certain of: blanks, quotes and
-# the shell's operators (`$` stays: `$HOME/.ssh` ends in `.ssh` whatever HOME is).
-_UNREAD_SPLIT = re.compile(r"[\s<>|;&'\"`()]+")
-# The same but for blanks: a quoted name with spaces in it ('/Users/Jane Doe/.ssh/id_rsa').
-_UNREAD_PIECES = re.compile(r"[<>|;&'\"`()]+")
-
-
-def _unread_words(cmd: str) -> Iterator[str]:
-    for word in _UNREAD_SPLIT.split(cmd):
-        if not word:
-            continue
-        yield word
-        if "=" in word:
-            yield word.split("=", 1)[1]  # --key-file=PATH
-        if "\\" in word:
-            yield word.replace("\\", "")  # cat ~/.ss\h/id_rsa: the backslash quotes a character
-    for piece in _UNREAD_PIECES.split(cmd):
-        piece = piece.strip()
-        if " " in piece or "\t" in piece:
-            yield piece
 
 
 def check_path_rules(c: _Ctx) -> Decision | None:

@@ -21,6 +21,7 @@ Pure: no I/O, no globals mutated; results are memoised by the caller.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -556,3 +557,46 @@ def read_command(cmd: str) -> Reading:
 
 
 read_command_cached = lru_cache(maxsize=1024)(read_command)
+
+
+# ------------------------------------------------------------ loose words
+
+# Where a word may end for some reader of a command line or of an argument: blanks, quotes, the
+# shell's operators, `=` (an option's value) and `,` (a list). `$` stays: `$HOME/.ssh` ends in
+# `.ssh` whatever HOME is.
+_LOOSE_SPLIT = re.compile(r"[\s<>|;&'\"`=(),]+")
+# The same but for blanks: a name that holds spaces ('/Users/Jane Doe/x', `--out=/a b/x`).
+_LOOSE_PIECES = re.compile(r"[<>|;&'\"`=(),]+")
+
+
+def loose_words(text: str) -> Iterator[str]:
+    """Every word some reader could take from ``text`` where no exact reading is certain (a
+    command the reader refuses, an argument that may reach a shell or a program's argv): the
+    runs between blanks, quotes and operators, and the same with backslashes dropped (``.ss\\h``);
+    where there are blanks, the pieces between quotes and operators that keep them; where there
+    are quotes or backslashes, the words a POSIX shell makes (quotes and escapes undone). For
+    finding file names, never for allowing: a word found here may be none of the command's."""
+    for word in _LOOSE_SPLIT.split(text):
+        if word:
+            yield word
+            if "\\" in word:
+                yield word.replace("\\", "")
+    if not text.isprintable() or " " in text:
+        for piece in _LOOSE_PIECES.split(text):
+            piece = piece.strip()
+            if " " in piece or "\t" in piece:
+                yield piece
+    if "'" in text or '"' in text or "\\" in text:
+        yield from _posix_words(text)
+
+
+def _posix_words(text: str) -> list[str]:
+    import shlex  # pure Python and slow: only for text with quotes or escapes to undo
+
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: the other readings stand
+        return []
+    return [*words, *(w.split("=", 1)[1] for w in words if "=" in w)]
