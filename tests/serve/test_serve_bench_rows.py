@@ -8,11 +8,20 @@ from visor.bench.http_rows import Work, render, run
 
 def test_http_rows_run_and_report_the_targets() -> None:
     data = run(Work(sequential=20, pipelined=100, window=8, sessions=5, calls_per_session=3))
-    direct, through, own = data["rows"]
+    direct, through, own, floor = data["rows"]
     assert direct["name"] == "direct HTTP" and through["name"] == "through visor serve --url"
-    assert own["name"] == "through visor serve -- stdio"
-    for row in (direct, through, own):
+    assert own["name"] == "through visor serve -- stdio" and floor["name"] == "raw TCP relay"
+    for row in (direct, through, own, floor):
         assert row["seq_p50_us"] > 0 and row["pipelined_calls_s"] > 0 and row["sessions_calls_s"] > 0
+        assert row["sessions_cpu_us"]["client"] > 0
+    # The CPU account reads the processes it names: every row but direct has a process in the
+    # middle, and the gateway does more per call than the relay that copies bytes.
+    assert direct["sessions_cpu_us"]["middle"] == 0
+    for row in (through, own, floor):
+        assert row["sessions_cpu_us"]["middle"] > 0
+    assert through["sessions_cpu_us"]["upstream"] > 0 and own["sessions_cpu_us"]["upstream"] > 0
+    budget = data["sessions_cpu_budget"]
+    assert budget["cores"] >= 1 and budget["gateway_used_us"] == through["sessions_cpu_us"]["middle"]
     assert data["stdio_pipelined_calls_s"] > 0 and data["fsync_us"] > 0
     assert all(v > 0 for v in data["stdio_sessions_calls_s_by_workers"].values())
     text = render(data)

@@ -17,12 +17,13 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,6 +72,49 @@ class HttpRow:
     seq_p99_us: float
     pipelined_calls_s: float
     sessions_calls_s: float
+    # CPU (user + system) per call during the 100 sessions, µs: the bench client (this process),
+    # the process in the middle (relay or gateway; 0 for direct) and the upstream server(s).
+    sessions_cpu_us: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A process the rows started: where it listens, and its pid (CPU is read from /proc)."""
+
+    url: str
+    pid: int
+
+
+def process_cpu_s(pid: int, *, descendants: bool = False) -> float:
+    """Seconds on a CPU of `pid` (all its threads), or of its live descendants only.
+
+    From each thread's schedstat (nanoseconds): /proc/PID/stat counts in clock ticks, too coarse
+    for a short run.
+    """
+    if descendants:
+        return sum(process_cpu_s(c) + process_cpu_s(c, descendants=True) for c in _children(pid))
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total / 1e9
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _self_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 # ------------------------------------------------------------------ the echo server (a subprocess)
@@ -122,7 +166,7 @@ def _free_socket() -> socket.socket:
 
 
 @contextmanager
-def echo_server() -> Iterator[str]:
+def echo_server() -> Iterator[Running]:
     sock = _free_socket()
     port = sock.getsockname()[1]
     proc = subprocess.Popen(
@@ -132,7 +176,26 @@ def echo_server() -> Iterator[str]:
     )
     sock.close()
     try:
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield Running(f"http://127.0.0.1:{port}/mcp", proc.pid)
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def tcp_relay(upstream: str) -> Iterator[Running]:
+    """visor.bench.tcp_relay in front of `upstream` (an http://127.0.0.1:PORT/PATH URL)."""
+    host_port, _, path = upstream.removeprefix("http://").partition("/")
+    host, _, port = host_port.rpartition(":")
+    sock = _free_socket()
+    mine = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [PY, "-m", "visor.bench.tcp_relay", str(sock.fileno()), host, port],
+        pass_fds=(sock.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
+    sock.close()
+    try:
+        yield Running(f"http://127.0.0.1:{mine}/{path}", proc.pid)
     finally:
         _stop(proc)
 
@@ -142,7 +205,7 @@ STDIO_ECHO = [PY, "-m", "visor.bench.echo_server"]
 
 
 @contextmanager
-def gateway(upstream: str | list[str], tmp: Path, workers: int = 1) -> Iterator[str]:
+def gateway(upstream: str | list[str], tmp: Path, workers: int = 1) -> Iterator[Running]:
     """`visor serve` in front of `upstream`: an HTTP server's URL, or a stdio server's argv."""
     policy = tmp / "http-bench-policy.yaml"
     policy.write_text(POLICY)
@@ -164,7 +227,7 @@ def gateway(upstream: str | list[str], tmp: Path, workers: int = 1) -> Iterator[
         # Keep reading its stderr so a full pipe never stalls the gateway.
         drain = subprocess.Popen(["cat"], stdin=proc.stderr, stdout=subprocess.DEVNULL)
         try:
-            yield url
+            yield Running(url, proc.pid)
         finally:
             _stop(proc)
             drain.wait(10)
@@ -236,7 +299,25 @@ class McpHttp:
             pass
 
 
-async def measure(name: str, url: str, work: Work) -> HttpRow:
+# What a row's CPU account reads: cumulative CPU seconds by part ("middle", "upstream").
+CpuReader = Callable[[], dict[str, float]]
+
+
+def cpu_of(middle: int | None, upstream: int | None, *, upstream_under_middle: bool = False) -> CpuReader:
+    """A reader for a row: the middle process, and the upstream (a pid, or the middle's children)."""
+
+    def read() -> dict[str, float]:
+        out = {"middle": process_cpu_s(middle) if middle is not None else 0.0}
+        if upstream_under_middle and middle is not None:
+            out["upstream"] = process_cpu_s(middle, descendants=True)
+        else:
+            out["upstream"] = process_cpu_s(upstream) if upstream is not None else 0.0
+        return out
+
+    return read
+
+
+async def measure(name: str, url: str, work: Work, cpu: CpuReader) -> HttpRow:
     connector = TCPConnector(limit=0)
     async with ClientSession(connector=connector, timeout=ClientTimeout(total=120)) as http:
         one = McpHttp(http, url)
@@ -258,13 +339,16 @@ async def measure(name: str, url: str, work: Work) -> HttpRow:
         await asyncio.gather(*(windowed() for _ in range(work.pipelined)))
         pipelined = work.pipelined / (time.perf_counter() - t)
         await one.close()
-        aggregate = await _sessions(http, url, work)
+        aggregate, per_call = await _sessions(http, url, work, cpu)
     q = statistics.quantiles(lat, n=100)
-    return HttpRow(name, q[49] * 1e6, q[98] * 1e6, pipelined, aggregate)
+    return HttpRow(name, q[49] * 1e6, q[98] * 1e6, pipelined, aggregate, per_call)
 
 
-async def _sessions(http: ClientSession, url: str, work: Work) -> float:
-    """`work.sessions` sessions at once, each making its calls one after another: calls/s in all."""
+async def _sessions(
+    http: ClientSession, url: str, work: Work, cpu: CpuReader | None = None
+) -> tuple[float, dict[str, float]]:
+    """`work.sessions` sessions at once, each making its calls one after another: calls/s in all,
+    and the CPU each part spent per call meanwhile (µs; with `cpu`)."""
     sessions = [McpHttp(http, url) for _ in range(work.sessions)]
     await asyncio.gather(*(s.start() for s in sessions))
 
@@ -272,16 +356,23 @@ async def _sessions(http: ClientSession, url: str, work: Work) -> float:
         for _ in range(work.calls_per_session):
             await s.call()
 
+    calls = work.sessions * work.calls_per_session
+    before = cpu() if cpu is not None else {}
+    client_before = _self_cpu_s()
     t = time.perf_counter()
     await asyncio.gather(*(sequential(s) for s in sessions))
-    aggregate = work.sessions * work.calls_per_session / (time.perf_counter() - t)
+    aggregate = calls / (time.perf_counter() - t)
+    per_call = {"client": (_self_cpu_s() - client_before) / calls * 1e6}
+    if cpu is not None:
+        after = cpu()
+        per_call |= {part: (after[part] - before[part]) / calls * 1e6 for part in after}
     await asyncio.gather(*(s.close() for s in sessions))
-    return aggregate
+    return aggregate, per_call
 
 
 async def measure_sessions(url: str, work: Work) -> float:
     async with ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=120)) as http:
-        return await _sessions(http, url, work)
+        return (await _sessions(http, url, work))[0]
 
 
 async def stdio_pipelined(tmp: Path, work: Work) -> float:
@@ -302,22 +393,27 @@ def run(work: Work) -> dict[str, Any]:
     with scratch_folder("visor-bench-http-") as name:
         tmp = Path(name)
         fsync_us = fsync_latency_probe(tmp, samples=50) * 1e6
-        with echo_server() as upstream:
-            direct = asyncio.run(measure("direct HTTP", upstream, work))
-            with gateway(upstream, tmp) as url:
-                through = asyncio.run(measure("through visor serve --url", url, work))
-            with gateway(upstream, tmp, workers=2) as url:
-                workers_2 = asyncio.run(measure_sessions(url, work))
-        with gateway(STDIO_ECHO, tmp) as url:
-            own = asyncio.run(measure("through visor serve -- stdio", url, work))
-        with gateway(STDIO_ECHO, tmp, workers=2) as url:
-            own_workers_2 = asyncio.run(measure_sessions(url, work))
+        with echo_server() as up:
+            direct = asyncio.run(measure("direct HTTP", up.url, work, cpu_of(None, up.pid)))
+            with tcp_relay(up.url) as relay:
+                floor = asyncio.run(measure("raw TCP relay", relay.url, work, cpu_of(relay.pid, up.pid)))
+            with gateway(up.url, tmp) as gw:
+                through = asyncio.run(
+                    measure("through visor serve --url", gw.url, work, cpu_of(gw.pid, up.pid))
+                )
+            with gateway(up.url, tmp, workers=2) as gw:
+                workers_2 = asyncio.run(measure_sessions(gw.url, work))
+        with gateway(STDIO_ECHO, tmp) as gw:
+            reader = cpu_of(gw.pid, None, upstream_under_middle=True)
+            own = asyncio.run(measure("through visor serve -- stdio", gw.url, work, reader))
+        with gateway(STDIO_ECHO, tmp, workers=2) as gw:
+            own_workers_2 = asyncio.run(measure_sessions(gw.url, work))
         stdio = asyncio.run(stdio_pipelined(tmp, work))
     added = through.seq_p50_us - direct.seq_p50_us
     return {
         "work": asdict(work),
         "fsync_us": fsync_us,
-        "rows": [asdict(direct), asdict(through), asdict(own)],
+        "rows": [asdict(direct), asdict(through), asdict(own), asdict(floor)],
         "stdio_pipelined_calls_s": stdio,
         # The 100-session figure through the gateway by worker count (1: the row above).
         "sessions_calls_s_by_workers": {"1": through.sessions_calls_s, "2": workers_2},
@@ -325,6 +421,9 @@ def run(work: Work) -> dict[str, Any]:
         # The gateway in front of the stdio server, over direct HTTP to the HTTP echo server: the
         # gateway's own path (aiohttp in, the session's relay, the fsync'd commit, routing back).
         "own_path_added_p50_us": own.seq_p50_us - direct.seq_p50_us,
+        # What any process in the middle costs here: the raw TCP relay over direct HTTP.
+        "relay_added_p50_us": floor.seq_p50_us - direct.seq_p50_us,
+        "sessions_cpu_budget": _budget(through, stdio),
         "targets": {
             "added_p50_us": added,
             "added_p50_limit_us": fsync_us + 300,
@@ -335,17 +434,37 @@ def run(work: Work) -> dict[str, Any]:
     }
 
 
+def _budget(through: HttpRow, stdio_pipelined: float) -> dict[str, Any]:
+    """What the machine's cores allow per call at the sessions target, and who took how much."""
+    cores = os.cpu_count() or 1
+    rate = 0.6 * stdio_pipelined
+    per_call = cores * 1e6 / rate
+    cpu = through.sessions_cpu_us
+    others = cpu["client"] + cpu.get("upstream", 0.0)
+    return {
+        "cores": cores,
+        "target_calls_s": rate,
+        "per_call_us": per_call,
+        "client_and_upstream_us": others,
+        "left_for_gateway_us": per_call - others,
+        "gateway_used_us": cpu.get("middle", 0.0),
+    }
+
+
 def render(data: dict[str, Any]) -> str:
     w = data["work"]
     lines = [
         f"HTTP rows: {w['sequential']} sequential, {w['pipelined']} pipelined (window {w['window']}), "
         f"{w['sessions']} sessions x {w['calls_per_session']} calls; raw fsync median {data['fsync_us']:.0f} µs",
-        f"{'row':<28} {'p50 µs':>8} {'p99 µs':>8} {'pipelined/s':>12} {w['sessions']} sessions calls/s",
+        f"{'row':<28} {'p50 µs':>8} {'p99 µs':>8} {'pipelined/s':>12} {'sessions/s':>11}"
+        f"   CPU µs per call in the sessions: client / middle / upstream",
     ]
     for r in data["rows"]:
+        c = r["sessions_cpu_us"]
         lines.append(
             f"{r['name']:<28} {r['seq_p50_us']:>8.0f} {r['seq_p99_us']:>8.0f} "
-            f"{r['pipelined_calls_s']:>12.0f} {r['sessions_calls_s']:>10.0f}"
+            f"{r['pipelined_calls_s']:>12.0f} {r['sessions_calls_s']:>11.0f}"
+            f"   {c['client']:.0f} / {c.get('middle', 0):.0f} / {c.get('upstream', 0):.0f}"
         )
     by_workers = data["sessions_calls_s_by_workers"]
     lines.append(
@@ -360,8 +479,18 @@ def render(data: dict[str, Any]) -> str:
     lines.append(
         f"the gateway's own path (serve -- stdio over direct HTTP), p50: +{data['own_path_added_p50_us']:.0f} µs"
     )
+    lines.append(
+        f"any process in the middle (raw TCP relay over direct HTTP), p50: +{data['relay_added_p50_us']:.0f} µs"
+    )
     t = data["targets"]
     lines.append(f"stdio visor run pipelined, same run: {data['stdio_pipelined_calls_s']:.0f} calls/s")
+    budget = data["sessions_cpu_budget"]
+    lines.append(
+        f"CPU budget at the sessions target ({budget['target_calls_s']:.0f} calls/s on {budget['cores']} cores): "
+        f"{budget['per_call_us']:.0f} µs per call for every process; the client and the upstream took "
+        f"{budget['client_and_upstream_us']:.0f} in the --url row, leaving {budget['left_for_gateway_us']:.0f} "
+        f"for the gateway, which used {budget['gateway_used_us']:.0f}"
+    )
     lines.append(
         f"target added p50 <= fsync + 300 µs ({t['added_p50_limit_us']:.0f} µs): {t['added_p50_us']:.0f} µs, "
         + ("met" if t["added_p50_met"] else "NOT met")
