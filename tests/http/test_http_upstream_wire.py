@@ -3,6 +3,7 @@ what it sends refused as on stdio, and the transport's headers and statuses exac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -179,6 +180,11 @@ def test_session_headers_get_stream_405_and_delete() -> None:
             d = Driver(up)
             await d.initialize()
             await d.call("tools/list", {})
+            # The GET stream opens on its own task after notifications/initialized: wait for it.
+            for _ in range(500):
+                if any(r.method == "GET" for r in seen):
+                    break
+                await asyncio.sleep(0.01)
             await up.close()
             methods = [r.method for r in seen]
             assert methods[0] == "POST" and methods[-1] == "DELETE" and "GET" in methods
@@ -281,7 +287,6 @@ def test_2026_request_headers_mirror_the_body() -> None:
 
 
 def test_requests_over_the_in_flight_cap_are_answered_at_once() -> None:
-    import asyncio
 
     release = asyncio.Event()
 
@@ -470,7 +475,6 @@ def test_a_redirect_is_not_followed_and_a_bad_session_id_is_refused() -> None:
 
 
 def test_a_stream_ended_after_the_client_cancelled_gets_no_made_up_answer() -> None:
-    import asyncio
 
     cancelled = asyncio.Event()
 
@@ -536,7 +540,6 @@ def test_x_mcp_header_marks_and_their_headers() -> None:
 
 
 def test_a_close_without_grace_ends_a_graceful_close_and_deletes_once() -> None:
-    import asyncio
 
     release = asyncio.Event()
 

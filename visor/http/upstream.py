@@ -38,9 +38,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from visor.http.bodies import classify_body
+from visor.http.client import HttpClientError, OriginClient, Response, ResponseBroken, ResponseTooLarge
 from visor.http.headers import ExtraHeader, encode_header_value
 from visor.http.params import HeaderMap, header_map, param_headers
 from visor.http.sse import DEFAULT_MAX_EVENT_BYTES, Event, EventReader, EventTooLarge
@@ -111,7 +110,7 @@ class HttpUpstream:
         self.failure: UpstreamHttpError | None = None
         self.session_id: str | None = None
         self.protocol_version: str | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self._http: OriginClient | None = None
         self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue(config.max_queued)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
@@ -229,13 +228,10 @@ class HttpUpstream:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _client(self) -> aiohttp.ClientSession:
+    def _client(self) -> OriginClient:
         if self._http is None:
-            timeout = aiohttp.ClientTimeout(
-                total=None, connect=self.config.connect_timeout, sock_connect=self.config.connect_timeout
-            )
             # Cookies are kept: load balancers pin a session to a replica with one.
-            self._http = aiohttp.ClientSession(timeout=timeout, auto_decompress=True)
+            self._http = OriginClient(self.url, connect_timeout=self.config.connect_timeout)
         return self._http
 
     def _headers(self, msg: Message | None, accept: str) -> dict[str, str]:
@@ -279,7 +275,7 @@ class HttpUpstream:
             await self._fail(exc)
         except _Refused as exc:
             reason = str(exc)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, HttpClientError, OSError) as exc:
             reason = f"the upstream {self.shown_url} could not be reached: {_describe(exc)}"
             log.warning(
                 "upstream_request_failed", url=self.shown_url, method=msg.method, error=_describe(exc)
@@ -299,9 +295,7 @@ class HttpUpstream:
 
     async def _post_request(self, msg: Message) -> tuple[bool, str]:
         sent_session = self.session_id
-        async with self._client().post(
-            self.url, data=msg.raw, headers=self._headers(msg, _ACCEPT_BOTH), allow_redirects=False
-        ) as resp:
+        async with await self._client().request("POST", self._headers(msg, _ACCEPT_BOTH), msg.raw) as resp:
             self._check_status(resp, sent_session is not None)
             if msg.method == "initialize" and resp.status == 200:
                 self._take_session_id(resp)
@@ -337,8 +331,8 @@ class HttpUpstream:
         """A notification or a response: the server answers 202 and nothing else."""
         try:
             sent_session = self.session_id
-            async with self._client().post(
-                self.url, data=msg.raw, headers=self._headers(msg, _ACCEPT_BOTH), allow_redirects=False
+            async with await self._client().request(
+                "POST", self._headers(msg, _ACCEPT_BOTH), msg.raw
             ) as resp:
                 self._check_status(resp, sent_session is not None)
                 if resp.status not in (200, 202):
@@ -353,13 +347,13 @@ class HttpUpstream:
         except UpstreamHttpError as exc:
             await self._fail(exc)
             return
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, HttpClientError, OSError) as exc:
             log.warning("upstream_message_lost", url=self.shown_url, method=msg.method, error=_describe(exc))
             return
         if msg.method == "notifications/initialized" and self._listener is None and not self._closed:
             self._listener = self._spawn(self._listen())
 
-    def _check_status(self, resp: aiohttp.ClientResponse, sent_session: bool) -> None:
+    def _check_status(self, resp: Response, sent_session: bool) -> None:
         status = resp.status
         if status in (401, 403):
             challenge = resp.headers.get("WWW-Authenticate")
@@ -387,7 +381,7 @@ class HttpUpstream:
                 "Visor does not follow redirects: give that URL to --url"
             )
 
-    def _take_session_id(self, resp: aiohttp.ClientResponse) -> None:
+    def _take_session_id(self, resp: Response) -> None:
         sid = resp.headers.get("Mcp-Session-Id")
         if sid is None:
             return
@@ -400,16 +394,14 @@ class HttpUpstream:
             session_digest=hashlib.sha256(sid.encode()).hexdigest()[:16],
         )
 
-    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_body(self, resp: Response) -> bytes:
         cap = self.config.max_body_bytes
         if resp.content_length is not None and resp.content_length > cap:
             raise _Refused(f"the upstream's body is {resp.content_length} bytes, over the {cap}-byte limit")
-        buf = bytearray()
-        async for chunk in resp.content.iter_chunked(65536):
-            buf += chunk
-            if len(buf) > cap:
-                raise _Refused(f"the upstream's body is over the {cap}-byte limit")
-        return bytes(buf)
+        try:
+            return await resp.read(cap)
+        except ResponseTooLarge:
+            raise _Refused(f"the upstream's body is over the {cap}-byte limit") from None
 
     async def _deliver_answer(self, msg: Message, body: bytes) -> bool:
         """Hand on a JSON body; True when it answered `msg`."""
@@ -424,7 +416,7 @@ class HttpUpstream:
 
     # ------------------------------------------------------------------ streams
 
-    async def _read_post_stream(self, msg: Message, resp: aiohttp.ClientResponse) -> bool:
+    async def _read_post_stream(self, msg: Message, resp: Response) -> bool:
         """Read a request's SSE stream, resuming it where the server allows; True once answered."""
         state = _StreamState()
         answered = await self._read_events(resp, msg, state)
@@ -438,8 +430,8 @@ class HttpUpstream:
             reconnects += 1
             await asyncio.sleep(self._retry_delay(state))
             progressed = state.delivered
-            async with self._client().get(
-                self.url, headers=self._resume_headers(state.last_event_id), allow_redirects=False
+            async with await self._client().request(
+                "GET", self._resume_headers(state.last_event_id)
             ) as again:
                 self._check_status(again, self.session_id is not None)
                 if again.status != 200 or again.content_type != "text/event-stream":
@@ -460,13 +452,11 @@ class HttpUpstream:
         ms = state.retry if state.retry is not None else _DEFAULT_RETRY_MS
         return min(ms / 1000, self.config.max_retry_seconds)
 
-    async def _read_events(
-        self, resp: aiohttp.ClientResponse, origin: Message | None, state: _StreamState
-    ) -> bool:
+    async def _read_events(self, resp: Response, origin: Message | None, state: _StreamState) -> bool:
         """Hand on each event's message; True when the response to `origin` came (then stop reading)."""
         reader = EventReader(self.config.max_event_bytes)
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.chunks():
                 for item in reader.feed(chunk):
                     if type(item) is EventTooLarge:
                         log.warning(
@@ -493,7 +483,7 @@ class HttpUpstream:
                 # Kept as they come: a break in the middle of the next read resumes from here.
                 state.last_event_id = reader.last_event_id or state.last_event_id
                 state.retry = reader.retry if reader.retry is not None else state.retry
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+        except (TimeoutError, ResponseBroken) as exc:
             log.info("upstream_stream_broke", url=self.shown_url, error=_describe(exc))
         state.last_event_id = reader.last_event_id or state.last_event_id
         state.retry = reader.retry if reader.retry is not None else state.retry
@@ -511,7 +501,7 @@ class HttpUpstream:
             if state.last_event_id:
                 headers["Last-Event-ID"] = state.last_event_id
             try:
-                async with self._client().get(self.url, headers=headers, allow_redirects=False) as resp:
+                async with await self._client().request("GET", headers) as resp:
                     self._check_status(resp, self.session_id is not None)
                     if resp.status == 405:
                         log.info("upstream_no_get_stream", url=self.shown_url)
@@ -529,7 +519,7 @@ class HttpUpstream:
             except _Refused as exc:
                 log.warning("upstream_get_stream_refused", url=self.shown_url, reason=str(exc))
                 return
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (TimeoutError, HttpClientError, OSError) as exc:
                 log.info("upstream_get_stream_failed", url=self.shown_url, error=_describe(exc))
                 failures += 1
             if failures > self.config.max_reconnects:
@@ -572,11 +562,9 @@ class HttpUpstream:
         assert self._http is not None
         try:
             async with asyncio.timeout(self.config.delete_timeout):
-                async with self._http.delete(
-                    self.url, headers=self._headers(None, _ACCEPT_BOTH), allow_redirects=False
-                ) as resp:
+                async with await self._http.request("DELETE", self._headers(None, _ACCEPT_BOTH)) as resp:
                     log.info("upstream_session_deleted", url=self.shown_url, status=resp.status)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, HttpClientError, OSError) as exc:
             log.info("upstream_delete_failed", url=self.shown_url, error=_describe(exc))
 
     async def _deliver(self, raw: bytes) -> None:

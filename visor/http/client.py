@@ -1,0 +1,546 @@
+"""HTTP/1.1 to one origin, for `HttpUpstream`: keep-alive connections, llhttp parsing, streamed bodies.
+
+An MCP session over Streamable HTTP talks to exactly one URL, sends small JSON bodies with a
+Content-Length, and reads either one JSON body or an event stream back. A general client pays
+for what this never uses (redirects, proxies, multipart, tracing, a cookie jar for every domain,
+a request object of dozens of fields); in `visor serve --url` that was the largest cost a call
+added over the gateway in front of a stdio server (see docs/benchmarks.md). This one does the
+narrow job:
+
+- requests are written as bytes the module built itself, one request per connection at a time
+  (no pipelining), to the origin of the URL it was made for and nowhere else: redirects are not
+  followed, there is no proxy;
+- responses are parsed by llhttp (Node.js's parser, through httptools), which enforces the
+  message syntax: chunked framing, Content-Length, conflicting framing headers. Header sections
+  are capped here (`MAX_HEADER_BYTES`), since llhttp has no cap of its own;
+- a body is handed on chunk by chunk as it arrives; reading pauses while more than
+  `_HIGH_WATER` bytes wait for the caller (TCP flow control then reaches the server);
+- ``gzip`` and ``deflate`` content codings are decoded (Visor asks for ``identity``, but a server
+  may compress anyway), any other is refused;
+- a connection goes back to the idle pool only after its response was read to the end and the
+  server did not ask to close; an idle connection is used again within `KEEPALIVE_SECONDS`;
+- cookies the origin sets are kept for it (load balancers pin a session to a replica with one):
+  name and value, removed by ``Max-Age<=0`` or a past ``Expires``, ``Secure`` ones sent only
+  over https. Domain and Path are not needed: every request goes to the one URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import ssl
+import time
+import zlib
+from collections.abc import AsyncIterator
+from http.cookies import CookieError, SimpleCookie
+from types import TracebackType
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from visor import __version__
+
+#: The most a response's status line and header fields may take together.
+MAX_HEADER_BYTES = 64 * 1024
+#: An idle connection older than this is closed rather than used again.
+KEEPALIVE_SECONDS = 15.0
+#: Idle connections kept for later requests; more are closed.
+MAX_IDLE = 32
+_HIGH_WATER = 1 << 20
+_LOW_WATER = 256 * 1024
+_USER_AGENT = f"visor/{__version__}"
+
+
+class HttpClientError(Exception):
+    """The request could not be made or its response could not be read."""
+
+
+class ConnectFailed(HttpClientError):
+    """No connection to the origin (refused, unreachable, timed out, TLS failed)."""
+
+
+class ResponseBroken(HttpClientError):
+    """The connection ended or broke the HTTP syntax before the response was complete."""
+
+
+class Headers:
+    """A response's header fields: case-insensitive names, repeated fields kept in order."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self) -> None:
+        self._fields: dict[str, list[str]] = {}
+
+    def add(self, name: str, value: str) -> None:
+        self._fields.setdefault(name.lower(), []).append(value)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        values = self._fields.get(name.lower())
+        return values[0] if values else default
+
+    def getall(self, name: str) -> list[str]:
+        return list(self._fields.get(name.lower(), ()))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._fields
+
+
+class Response:
+    """One response: status and headers at once, the body as it streams in.
+
+    Use it as an async context manager (`OriginClient.request` returns it entered): leaving it
+    hands the connection back when the body was read to the end, and closes it otherwise.
+    """
+
+    def __init__(self, conn: _Connection, status: int, reason: str, headers: Headers) -> None:
+        self._conn = conn
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        ctype = headers.get("Content-Type")
+        # As most clients read it: the media type alone, lower case; none given reads as binary.
+        self.content_type = (
+            ctype.split(";", 1)[0].strip().lower() if ctype is not None else "application/octet-stream"
+        )
+        length = headers.get("Content-Length")
+        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self._decoder = _decoder(headers.get("Content-Encoding"))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes (decoded) as they arrive; raises `ResponseBroken` if it is cut short."""
+        while True:
+            data = await self._conn.read_body()
+            if not data:
+                if self._decoder is not None:
+                    tail = self._decoder.flush()
+                    if tail:
+                        yield tail
+                return
+            if self._decoder is not None:
+                try:
+                    data = self._decoder.decompress(data)
+                except zlib.error as exc:
+                    self._conn.abort()
+                    raise ResponseBroken(f"the body's content coding is corrupt: {exc}") from exc
+                if not data:
+                    continue
+            yield data
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body; `ResponseTooLarge` past `limit` bytes (decoded)."""
+        buf = bytearray()
+        async for chunk in self.chunks():
+            buf += chunk
+            if len(buf) > limit:
+                raise ResponseTooLarge(limit)
+        return bytes(buf)
+
+    def release(self) -> None:
+        self._conn.finish_response()
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class ResponseTooLarge(HttpClientError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is over the {limit}-byte limit")
+        self.limit = limit
+
+
+class _ZlibStream:
+    """gzip or deflate (zlib-wrapped or raw, as servers send both) in bounded steps."""
+
+    def __init__(self, gzip: bool) -> None:
+        self._gzip = gzip
+        self._obj = zlib.decompressobj(wbits=31 if gzip else zlib.MAX_WBITS)
+        self._started = False
+
+    def decompress(self, data: bytes) -> bytes:
+        if not self._started and not self._gzip:
+            self._started = True
+            # "deflate" is specified as zlib-wrapped, but some servers send raw deflate.
+            if data and (data[0] & 0x0F) != 8:
+                self._obj = zlib.decompressobj(wbits=-zlib.MAX_WBITS)
+        return self._obj.decompress(data)
+
+    def flush(self) -> bytes:
+        return self._obj.flush()
+
+
+def _decoder(coding: str | None) -> _ZlibStream | None:
+    if coding is None:
+        return None
+    name = coding.strip().lower()
+    if name in ("", "identity"):
+        return None
+    if name in ("gzip", "x-gzip"):
+        return _ZlibStream(gzip=True)
+    if name == "deflate":
+        return _ZlibStream(gzip=False)
+    raise ResponseBroken(f"the response's Content-Encoding {coding!r} is not one Visor reads (gzip, deflate)")
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection and the llhttp parser reading the responses on it."""
+
+    def __init__(self, client: OriginClient) -> None:
+        self._client = client
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self.idle_since = 0.0
+        self._head: asyncio.Future[Response] | None = None
+        self._status = 0
+        self._reason = b""
+        self._headers = Headers()
+        self._header_bytes = 0
+        self._name = b""
+        self._headers_done = False
+        self._until_close = False
+        self._complete = False
+        self._keep_alive = False
+        self._response: Response | None = None
+        self._body: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: HttpClientError | None = None
+
+    # ------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is None and self._response is None:
+            # Bytes while no request waits: a server speaking out of turn. The connection is
+            # not in a state anyone can trust again.
+            self._fail(ResponseBroken("the server sent bytes no request asked for"))
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(ResponseBroken("the server switched protocols"))
+        except httptools.HttpParserError as exc:
+            if self._error is None:
+                self._fail(ResponseBroken(f"the server's response is not valid HTTP/1.1: {exc}"))
+            else:
+                self._fail(self._error)
+
+    def eof_received(self) -> bool:
+        if self._headers_done and not self._complete and self._until_close:
+            self._complete = True  # a body delimited by the end of the connection
+            self._wake()
+        self._fail(ResponseBroken("the server closed the connection before the response was complete"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(
+            ResponseBroken(f"the connection was lost: {exc}" if exc else "the server closed the connection")
+        )
+
+    def pause_writing(self) -> None:
+        pass  # requests are small and written once
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ llhttp callbacks
+    def on_message_begin(self) -> None:
+        if self._complete:
+            # A second response in the bytes after the one asked for: never part of the first
+            # one's body, and the connection is not in a state to read another answer from.
+            raise ResponseBroken("the server sent a response no request asked for")
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+        self._count(len(status))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim response (100 Continue, 103 Early Hints): the real one follows.
+            self._reset_message()
+            return
+        self._status = status
+        self._headers_done = True
+        h = self._headers
+        self._until_close = (
+            "content-length" not in h and "transfer-encoding" not in h and status not in (204, 304)
+        )
+        try:
+            response = Response(self, status, self._reason.decode("latin-1").strip(), h)
+        except ResponseBroken as exc:
+            self._error = exc
+            raise
+        self._response = response
+        head = self._head
+        self._head = None
+        if head is not None and not head.done():
+            head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self._headers_done:
+            return  # the end of an interim response
+        # llhttp answers this only inside the callback: its flags are reset once it returns.
+        self._keep_alive = self._parser.should_keep_alive()
+        self._complete = True
+        self._wake()
+
+    # ------------------------------------------------------------ the client's side
+    def send(self, request: bytes) -> asyncio.Future[Response]:
+        assert self.transport is not None and self._head is None and self._response is None
+        self._reset_message()
+        head: asyncio.Future[Response] = self._loop.create_future()
+        self._head = head
+        self.transport.write(request)
+        return head
+
+    async def read_body(self) -> bytes:
+        """The next piece of the body, or b"" at its end."""
+        while True:
+            if self._body:
+                data = self._body.popleft()
+                self._buffered -= len(data)
+                if self._paused and self._buffered < _LOW_WATER and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return data
+            if self._complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def finish_response(self) -> None:
+        """The caller is done with the response: keep the connection if it can carry another."""
+        reusable = (
+            self._complete and not self._body and self._error is None and not self.lost and self._keep_alive
+        )
+        self._response = None
+        if reusable:
+            self._client.put_back(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ------------------------------------------------------------ internals
+    def _reset_message(self) -> None:
+        self._status = 0
+        self._reason = b""
+        self._headers = Headers()
+        self._header_bytes = 0
+        self._headers_done = False
+        self._until_close = False
+        self._complete = False
+        self._keep_alive = False
+        self._body.clear()
+        self._buffered = 0
+
+    def _count(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._error = ResponseBroken(f"the response's header section is over {MAX_HEADER_BYTES} bytes")
+            raise self._error
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: HttpClientError) -> None:
+        already = self.lost
+        self.lost = True
+        if self._error is None and not self._complete:
+            self._error = error
+        head = self._head
+        self._head = None
+        if head is not None and not head.done():
+            head.set_exception(self._error or error)
+        self._wake()
+        if not already and self.transport is not None:
+            self.transport.abort()
+        self._client.forget(self)
+
+
+class OriginClient:
+    """Requests to one http(s) URL over a small pool of keep-alive connections."""
+
+    def __init__(
+        self, url: str, *, connect_timeout: float, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("an http:// or https:// URL with a host is needed")
+        self.secure = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.secure else 80)
+        default_port = parts.port is None or parts.port == (443 if self.secure else 80)
+        shown_host = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = shown_host if default_port else f"{shown_host}:{self.port}"
+        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._connect_timeout = connect_timeout
+        self._ssl: ssl.SSLContext | None = None
+        if self.secure:
+            self._ssl = ssl_context or ssl.create_default_context()
+        self._idle: collections.deque[_Connection] = collections.deque()
+        self._all: set[_Connection] = set()
+        self._cookies: dict[str, tuple[str, float | None, bool]] = {}
+        self._closed = False
+
+    async def request(self, method: str, headers: dict[str, str], body: bytes | None = None) -> Response:
+        """Send one request and wait for its status and headers (the body streams on)."""
+        if self._closed:
+            raise HttpClientError("the client is closed")
+        wire = self._encode(method, headers, body)
+        conn = await self._connection()
+        try:
+            response = await conn.send(wire)
+        except BaseException:
+            conn.abort()
+            raise
+        self._keep_cookies(response.headers)
+        return response
+
+    def put_back(self, conn: _Connection) -> None:
+        if self._closed or len(self._idle) >= MAX_IDLE:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.append(conn)
+
+    def forget(self, conn: _Connection) -> None:
+        self._all.discard(conn)
+        # A connection that dies while idle is dropped when next taken (see _connection).
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in list(self._all):
+            conn.abort()
+        self._all.clear()
+        self._idle.clear()
+        await asyncio.sleep(0)  # the transports' connection_lost runs before the loop may close
+
+    # ------------------------------------------------------------ internals
+    async def _connection(self) -> _Connection:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the least likely to be closed by now
+            if conn.lost or conn.transport is None or conn.transport.is_closing():
+                continue
+            if now - conn.idle_since > KEEPALIVE_SECONDS:
+                conn.abort()
+                continue
+            return conn
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
+        except TimeoutError as exc:
+            raise ConnectFailed(f"connecting took over {self._connect_timeout:g} s") from exc
+        except (OSError, ssl.SSLError) as exc:
+            raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
+        if self._closed:
+            conn.abort()
+            raise HttpClientError("the client is closed")
+        self._all.add(conn)
+        return conn
+
+    def _encode(self, method: str, headers: dict[str, str], body: bytes | None) -> bytes:
+        lines = [f"{method} {self._target} HTTP/1.1", f"Host: {self._host_header}"]
+        given = {name.lower() for name in headers}
+        for name, value in headers.items():
+            _check_field(name, value)
+            lines.append(f"{name}: {value}")
+        if "user-agent" not in given:
+            lines.append(f"User-Agent: {_USER_AGENT}")
+        lines.append("Accept-Encoding: identity")
+        cookie = self._cookie_header()
+        if cookie:
+            lines.append(f"Cookie: {cookie}")
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return head + body if body else head
+
+    def _keep_cookies(self, headers: Headers) -> None:
+        for raw in headers.getall("Set-Cookie"):
+            jar: SimpleCookie = SimpleCookie()
+            try:
+                jar.load(raw)
+            except CookieError:
+                continue
+            for name, morsel in jar.items():
+                expires: float | None = None
+                max_age = morsel["max-age"]
+                if max_age:
+                    try:
+                        expires = time.time() + int(max_age)
+                    except ValueError:
+                        expires = None
+                elif morsel["expires"]:
+                    expires = _timestamp(morsel["expires"])
+                if expires is not None and expires <= time.time():
+                    self._cookies.pop(name, None)
+                else:
+                    self._cookies[name] = (morsel.value, expires, bool(morsel["secure"]))
+
+    def _cookie_header(self) -> str:
+        if not self._cookies:
+            return ""
+        now = time.time()
+        out = []
+        for name, (value, expires, secure) in list(self._cookies.items()):
+            if expires is not None and expires <= now:
+                del self._cookies[name]
+            elif self.secure or not secure:
+                out.append(f"{name}={value}")
+        return "; ".join(out)
+
+
+def _timestamp(http_date: str) -> float | None:
+    try:
+        return email.utils.parsedate_to_datetime(http_date).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def _check_field(name: str, value: str) -> None:
+    # The values come from the protocol or from --header (already checked); a line break here
+    # would start a header or a request of the caller's choosing.
+    if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
+        raise ValueError(f"header {name!r} holds a character an HTTP header cannot carry")
