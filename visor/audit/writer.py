@@ -1,13 +1,22 @@
 """Append records to the audit log with group commit.
 
-One dedicated thread owns the file descriptor.  Callers stamp and hash their
-record under a lock (so queue order is seq order and `append` can return the
-finished record at once), then the thread takes everything queued, writes it
-with one `write` and covers it with one `fdatasync`.  While that fsync is in
-flight new records pile up and go out together in the next round: that is the
-group commit, and it is why many concurrent allows cost few fsyncs.  Results
-go back to each caller's event loop with `call_soon_threadsafe`, so the loop
-never waits on the disk.
+One dedicated thread makes the fsyncs.  Callers stamp and hash their record
+under a lock (so queue order is seq order and `append` can return the finished
+record at once), then the thread takes everything queued, writes it with one
+`write` and covers it with one `fdatasync`.  While that fsync is in flight new
+records pile up and go out together in the next round: that is the group
+commit, and it is why many concurrent allows cost few fsyncs.  Results go back
+to each caller's event loop with `call_soon_threadsafe`, so the loop never
+waits on the disk.
+
+Records nobody waits for (`append`: a deny, a result) are written by the
+caller itself, under the lock, when nothing else is queued and the thread is
+not writing (at the end of a `batch()`, all of the batch's with one `write`):
+they are then in the file (the kernel's page cache) before the caller goes on,
+and no thread is woken for them. Waking the thread for each such record
+made it contend for the GIL with the loop, which was then taking the next
+request; the allow that followed waited for that write before its own. The
+thread fsyncs such records with the next group, or within IDLE_SYNC_SECONDS.
 
 A failed write or fsync poisons the writer for good: after a failed fsync the
 kernel may already have dropped the dirty pages, so nothing written since the
@@ -285,7 +294,13 @@ class AuditWriter:
         self._closing = False
         self._healthy = True
         self._failure = ""
-        self._dirty = False  # written but not yet covered by an fsync
+        # Writes made (by the thread, or by a caller directly), and how many of them the last good
+        # fsync covered: the difference is what is written but not yet durable.
+        self._written = 0
+        self._synced = 0
+        # The thread is writing a batch it took from the queue (outside the lock): a caller
+        # must queue its record behind it, never write around it.
+        self._writing = False
         # Inside `batch()`: records queued without waking the thread yet.
         self._held = 0
         self._wake_pending = False
@@ -488,7 +503,12 @@ class AuditWriter:
                 self._held -= 1
                 if not self._held and self._wake_pending:
                     self._wake_pending = False
-                    self._cond.notify()
+                    if self._queue:
+                        # A write that fails here poisons the writer: the next commit fails
+                        # closed. The batch's caller is not the one to hear of it (its records
+                        # were accepted; the thread losing them would not tell it either).
+                        with contextlib.suppress(AuditUnhealthy):
+                            self._hand_on()
 
     async def close(self) -> None:
         """Write and fsync everything queued, then stop the thread. Writes no record."""
@@ -554,8 +574,30 @@ class AuditWriter:
             if self._held:
                 self._wake_pending = True
             else:
-                self._cond.notify()
+                self._hand_on()
         return enc.record
+
+    def _hand_on(self) -> None:
+        """What is queued goes out: written here when nobody waits for it, else by the thread.
+
+        Caller holds the lock. Records nobody waits for (denies, results), with nothing
+        before them still unwritten, are written at once with one `write`, in seq order; the
+        thread fsyncs them with its next group or within IDLE_SYNC_SECONDS. Anything else (an
+        allow to make durable, a rotation, a checkpoint) wakes the thread, which takes them all.
+        """
+        queue = self._queue
+        if self._writing or not all(type(p) is _Pending and p.future is None for p in queue):
+            self._cond.notify()
+            return
+        self._queue = []
+        try:
+            self._write_all(b"".join(p.line for p in queue if type(p) is _Pending))
+        except OSError as exc:
+            self._poison(
+                f"{self._path}: audit write failed: {exc.strerror or exc}; no further call is allowed"
+            )
+            raise AuditUnhealthy(self._failure) from exc
+        self._records += len(queue)
 
     def _queue_rotation(self) -> None:
         # Numbers are handed out here, in queue order, so a rotation still waiting
@@ -592,22 +634,31 @@ class AuditWriter:
                         self._queue_checkpoint("time")
                     batch, self._queue = self._queue, []
                     closing = self._closing
-                if batch:
-                    self._process(batch)
-                elif self._dirty:
-                    self._flush([], force_sync=True)
+                    dirty = self._written != self._synced
+                    self._writing = bool(batch)
+                try:
+                    if batch:
+                        self._process(batch)
+                    elif dirty:
+                        self._flush([], force_sync=True)
+                finally:
+                    with self._cond:
+                        self._writing = False
                 if closing and not batch:
                     break
         finally:
             os.close(self._fd)
             os.close(self._lock_fd)  # releases the flock
 
-    def _wait_timeout(self) -> float | None:
-        """How long the idle thread may sleep: until an fsync or a checkpoint falls due."""
-        timeout = IDLE_SYNC_SECONDS if self._dirty else None
+    def _wait_timeout(self) -> float:
+        """How long the idle thread may sleep: until an fsync or a checkpoint falls due.
+
+        Never longer than IDLE_SYNC_SECONDS, clean or not: a caller's own write makes the log
+        dirty without waking the thread (that wake-up is what it saves), so the thread looks.
+        """
+        timeout = IDLE_SYNC_SECONDS
         if self._checkpoint_due != float("inf"):
-            left = max(0.0, self._checkpoint_due - time.monotonic())
-            timeout = left if timeout is None else min(timeout, left)
+            timeout = min(timeout, max(0.0, self._checkpoint_due - time.monotonic()))
         return timeout
 
     def _process(self, batch: list[_Pending | _Rotate]) -> None:
@@ -628,14 +679,18 @@ class AuditWriter:
         try:
             if segment:
                 self._write_all(b"".join(p.line for p in segment))
-                self._dirty = True
             waiting = sum(1 for p in segment if p.future is not None)
-            if self._dirty and (waiting or force_sync):
+            with self._cond:
+                covered = self._written
+                dirty = covered != self._synced
+            if dirty and (waiting or force_sync):
                 if self._durable:
                     self._fsync(self._fd)
-                    with self._cond:
+                with self._cond:
+                    if self._durable:
                         self._fsyncs += 1
-                self._dirty = False
+                    # Writes a caller made during the fsync may not be covered: they stay dirty.
+                    self._synced = max(self._synced, covered)
         except OSError as exc:
             self._poison(
                 f"{self._path}: audit write failed: {exc.strerror or exc}; no further call is allowed"
@@ -657,6 +712,7 @@ class AuditWriter:
             view = view[n:]
         with self._cond:
             self._writes += 1
+            self._written += 1
             self._bytes += len(data)
 
     def _rotate(self, target: Path) -> None:
