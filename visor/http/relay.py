@@ -2,25 +2,32 @@
 
 The relay (visor/relay/proxy.py) and its session core are unchanged: the client side, the
 framer, the checks, the audit commits and the approvals are exactly those of a stdio server.
-What changes is what stands behind the server's two pipes. Instead of a child process, two
-pipes of Visor's own lead to an `HttpUpstream`: the lines the core writes to "the server's
-stdin" are POSTed, and the messages the upstream reads from HTTP are written, one line each,
-to "the server's stdout", where the core frames and checks them as it does any server's output.
-Closing the server's input (client EOF) lets requests in flight finish within the shutdown
-grace, then ends the HTTP session (DELETE), which ends the server's output: the same order
-of events as a stdio server exiting after its stdin closed.
+What changes is what stands behind the server's two ends. Instead of a child process's pipes,
+a `ServerPort` attaches an `HttpUpstream` in memory: the lines the core writes to "the server's
+stdin" are POSTed, in order, and the messages the upstream reads from HTTP are handed to the
+relay as "the server's stdout", one line each, where the core frames and checks them as it does
+any server's output. Closing the server's input (client EOF) lets requests in flight finish within
+the shutdown grace, then ends the HTTP session (DELETE), which ends the server's output: the same
+order of events as a stdio server exiting after its stdin closed.
+
+There used to be two OS pipes here, with a task pumping each: every message then also cost a
+write and a read system call, an event-loop turn and a framing each way. Flow control is what
+the pipes gave: past `_QUEUED_HIGH` lines not yet handed to the upstream, the relay is told its
+server's input is full (and holds its client back), and while the relay pauses the server's
+output (its client reads slowly) the upstream's readers wait, so TCP flow control reaches the
+server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import os
 from typing import TYPE_CHECKING, Any
 
 from visor.http.upstream import HttpUpstream, HttpUpstreamConfig
 from visor.logs import get_logger
-from visor.relay.proxy import Relay, RelayConfig, ServerEnd, ServerLink
+from visor.relay.proxy import Relay, RelayConfig, ServerEnd, ServerLink, ServerPort
 from visor.wire.framer import Framer, Oversize, Truncated
 
 if TYPE_CHECKING:
@@ -28,29 +35,32 @@ if TYPE_CHECKING:
 
 log = get_logger("visor.http")
 
-_READ_CHUNK = 256 * 1024
+# Lines the relay wrote and the upstream has not taken yet: past the high mark the relay is told
+# its server's input is full; below the low mark, that it has room again.
+_QUEUED_HIGH = 1024
+_QUEUED_LOW = 256
 
 
 class HttpLink(ServerLink):
-    """A Streamable HTTP session behind the relay's server pipes, with a pump each way."""
+    """A Streamable HTTP session attached to the relay as its server (`ServerPort`)."""
 
     def __init__(self, upstream: HttpUpstreamConfig, config: RelayConfig) -> None:
         self.upstream_config = upstream
         self.config = config
         self.http: HttpUpstream | None = None
-        self._answers_pump: asyncio.Task[None] | None = None
-        self._pumps: list[asyncio.Task[None]] = []
+        self._input = _UpstreamInput(self)
+        self._output = _UpstreamOutput()
+        self._lines: collections.deque[bytes] = collections.deque()
+        # The core writes only lines it framed and checked itself: the cap is a safeguard.
+        self._framer = Framer(config.max_message_bytes)
+        self._wakeup: asyncio.Future[None] | None = None
+        self._input_over = False
+        self._sender: asyncio.Task[None] | None = None
 
-    async def start(self) -> tuple[int, int]:
-        loop = asyncio.get_running_loop()
-        self.http = HttpUpstream(self.upstream_config)
-        requests_r, requests_w = os.pipe()  # the relay writes the server's input into requests_w
-        answers_r, answers_w = os.pipe()  # and reads the server's output from answers_r
-        for fd in (requests_r, requests_w, answers_r, answers_w):
-            os.set_blocking(fd, False)
-        self._answers_pump = loop.create_task(self._pump_answers(answers_w))
-        self._pumps = [loop.create_task(self._pump_requests(requests_r)), self._answers_pump]
-        return requests_w, answers_r
+    async def start(self) -> ServerPort:
+        self.http = HttpUpstream(self.upstream_config, sink=self._output)
+        self._sender = asyncio.get_running_loop().create_task(self._send_lines())
+        return ServerPort(self._input, self._output)
 
     async def finish(self) -> ServerEnd:
         assert self.http is not None
@@ -71,57 +81,170 @@ class HttpLink(ServerLink):
         await self.http.close()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(server_eof), 1.0)
-        if not server_eof.done() and self._answers_pump is not None:
-            # Closing our end of the server's output is the server's EOF, whatever still waits.
-            self._answers_pump.cancel()
+        if not server_eof.done():
+            # Ending the server's output is the server's EOF, whatever still waits.
+            self._output.end()
 
     async def close(self) -> None:
-        for task in self._pumps:
-            task.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(BaseException):
+                await self._sender
         if self.http is not None:
             await self.http.close()
 
-    async def _pump_requests(self, fd: int) -> None:
-        """Lines the core wrote for the server: each one POSTed; at EOF the session ends."""
-        assert self.http is not None
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=_READ_CHUNK)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-        )
-        # The core writes only lines it framed and checked itself: the cap is a safeguard.
-        framer = Framer(self.config.max_message_bytes)
-        try:
-            while True:
-                data = await reader.read(_READ_CHUNK)
-                if not data:
-                    break
-                for line in framer.feed(data):
-                    if type(line) is bytes and line:
-                        await self.http.send(line)
-                    elif isinstance(line, Oversize | Truncated):
-                        log.error("relay_line_refused", size=line.size)
-        finally:
-            transport.close()
-        await self.http.close(grace=self.config.shutdown_grace)
+    # ------------------------------------------------------------ the server's input
+    def take(self, data: bytes) -> None:
+        """Bytes the relay wrote to the server's input: whole lines, each one POSTed in order."""
+        for line in self._framer.feed(data):
+            if type(line) is bytes and line:
+                self._lines.append(line)
+            elif isinstance(line, Oversize | Truncated):
+                log.error("relay_line_refused", size=line.size)
+        if len(self._lines) > _QUEUED_HIGH:
+            self._input.pause()
+        self._wake()
 
-    async def _pump_answers(self, fd: int) -> None:
-        """Messages the HTTP server sent: one line each on the server's output, then EOF."""
-        assert self.http is not None
+    def input_closed(self) -> None:
+        self._input_over = True
+        self._wake()
+
+    def queued(self) -> int:
+        return len(self._lines)
+
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _send_lines(self) -> None:
+        """POST what the relay wrote, one line after another (a send waits for the session to
+        be initialized, as a stdio server reads its input in order); at its end, the session ends."""
+        http = self.http
+        assert http is not None
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0)
-        )
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        try:
-            async for line in self.http:
-                writer.write(line + b"\n")
-                await writer.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            writer.close()
+        while True:
+            while self._lines:
+                line = self._lines.popleft()
+                if len(self._lines) < _QUEUED_LOW:
+                    self._input.resume()
+                await http.send(line)
+            if self._input_over:
+                break
+            self._wakeup = loop.create_future()
+            try:
+                await self._wakeup
+            finally:
+                self._wakeup = None
+        await http.close(grace=self.config.shutdown_grace)
+
+
+class _UpstreamInput(asyncio.WriteTransport):
+    """Where the server's stdin pipe would be: what the relay writes goes to `HttpLink.take`."""
+
+    def __init__(self, link: HttpLink) -> None:
+        super().__init__()
+        self._link = link
+        self._protocol: asyncio.BaseProtocol | None = None
+        self._closing = False
+        self._paused = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._closing:
+            self._link.take(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        if not self._closing:
+            self._link.take(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return self._link.queued()
+
+    def pause(self) -> None:
+        if not self._paused and not self._closing and isinstance(self._protocol, asyncio.Protocol):
+            self._paused = True
+            self._protocol.pause_writing()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            if not self._closing and isinstance(self._protocol, asyncio.Protocol):
+                self._protocol.resume_writing()
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._link.input_closed()
+
+    def abort(self) -> None:
+        self.close()
+
+
+class _UpstreamOutput(asyncio.ReadTransport):
+    """Where the server's stdout pipe would be: the upstream's messages, one line each, to the
+    relay's protocol; `deliver` waits while the relay has paused reading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._protocol: asyncio.Protocol | None = None
+        self._reading = asyncio.Event()
+        self._reading.set()
+        self._closing = False
+        self._ended = False
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, asyncio.Protocol)
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def is_reading(self) -> bool:
+        return self._reading.is_set()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        # The relay's close of the server's output: nothing more is handed to it.
+        self._closing = True
+        self._reading.set()  # deliveries still waiting return (and drop their message)
+
+    async def deliver(self, raw: bytes) -> None:
+        """One message from the upstream (the `MessageSink` side)."""
+        if not self._reading.is_set():
+            await self._reading.wait()
+        if self._closing or self._ended or self._protocol is None:
+            return
+        self._protocol.data_received(raw + b"\n")
+
+    def end(self) -> None:
+        """The upstream has no more messages (or the link ends the output): the server's EOF, once."""
+        if self._ended:
+            return
+        self._ended = True
+        if not self._closing and self._protocol is not None:
+            self._protocol.eof_received()
 
 
 class HttpRelay(Relay):

@@ -36,7 +36,7 @@ import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from visor.http.bodies import classify_body
 from visor.http.client import HttpClientError, OriginClient, Response, ResponseBroken, ResponseTooLarge
@@ -95,10 +95,20 @@ class _Refused(Exception):
     """A body or stream the upstream sent that cannot be handed on."""
 
 
+class MessageSink(Protocol):
+    """Where the upstream's messages go when not read by iterating over the upstream."""
+
+    async def deliver(self, raw: bytes) -> None:
+        """Take one newline-free message; waiting here holds the sender back (flow control)."""
+
+    def end(self) -> None:
+        """No more messages: the server's output has ended."""
+
+
 class HttpUpstream:
     """One MCP session with a Streamable HTTP server."""
 
-    def __init__(self, config: HttpUpstreamConfig) -> None:
+    def __init__(self, config: HttpUpstreamConfig, sink: MessageSink | None = None) -> None:
         try:
             check_url(config.url)
         except UrlError as exc:
@@ -111,6 +121,8 @@ class HttpUpstream:
         self.session_id: str | None = None
         self.protocol_version: str | None = None
         self._http: OriginClient | None = None
+        # The messages read from HTTP: handed to `sink`, or queued for iteration.
+        self._sink = sink
         self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue(config.max_queued)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[JsonId, asyncio.Task[None]] = {}
@@ -570,7 +582,11 @@ class HttpUpstream:
     async def _deliver(self, raw: bytes) -> None:
         # A full queue (the relay not reading, because its client is not) holds the sender
         # here: a stream stops being read and TCP flow control reaches the server, as a pipe would.
-        if not self._ended:
+        if self._ended:
+            return
+        if self._sink is not None:
+            await self._sink.deliver(raw)
+        else:
             await self._inbox.put(raw)
 
     async def _answer(self, msg_id: JsonId, reason: str) -> None:
@@ -602,6 +618,9 @@ class HttpUpstream:
     def _end(self) -> None:
         if not self._ended:
             self._ended = True
+            if self._sink is not None:
+                self._sink.end()
+                return
             try:
                 self._inbox.put_nowait(None)
             except asyncio.QueueFull:

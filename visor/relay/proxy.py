@@ -295,16 +295,39 @@ class ServerEnd:
     failed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ServerPort:
+    """A server in this process instead of behind two pipes: what a `ServerLink.start` may return
+    where it would return the two descriptors (`visor run --url`, visor/http/relay.py). The
+    server-side counterpart of `ClientPort`.
+
+    `input` stands where the server's stdin pipe would. The relay sets its protocol
+    (`set_protocol`) and writes whole lines to it; the transport calls that protocol's
+    `pause_writing` / `resume_writing` as its server falls behind and catches up (the relay then
+    holds the client back, as when the stdin pipe is full), and `connection_lost` if it breaks.
+    The relay closes it as it would close the server's stdin.
+
+    `output` stands where the server's stdout pipe would. The relay sets its protocol and the
+    transport hands the server's bytes to that protocol's `data_received`, and its end to
+    `eof_received`, once; never while paused (`pause_reading`, as the relay does when its client
+    reads slowly), and nothing after the relay closed it.
+    """
+
+    input: asyncio.WriteTransport
+    output: asyncio.ReadTransport
+
+
 class ServerLink:
     """What stands behind the server's two pipes: the relay writes the server's input to one
     descriptor and reads its output from the other, whatever produces them.
 
     `ProcessLink` (the default) is a child process; `visor run --url` puts an HTTP session there
-    (visor/http/relay.py). The relay owns both descriptors once `start` returns them.
+    (visor/http/relay.py), attached in memory (`ServerPort`). The relay owns both descriptors once
+    `start` returns them.
     """
 
-    async def start(self) -> tuple[int, int]:
-        """Start the server: (the descriptor of its input, the descriptor of its output)."""
+    async def start(self) -> tuple[int, int] | ServerPort:
+        """Start the server: (the descriptor of its input, the descriptor of its output), or a port."""
         raise NotImplementedError
 
     async def finish(self) -> ServerEnd:
@@ -677,7 +700,7 @@ class Relay:
         self._loop = loop
         self._server_eof = loop.create_future()
         try:
-            server_in_fd, server_out_fd = await self.link.start()
+            server = await self.link.start()
         except BaseException:
             if isinstance(client, tuple):
                 # The relay never took the client's pipe ends: they are closed here.
@@ -687,7 +710,7 @@ class Relay:
             raise
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if self.handle_signals else ()
         try:
-            await self._connect(loop, server_in_fd, server_out_fd, client)
+            await self._connect(loop, server, client)
             if self.approvals is not None:
                 self.approvals.link = _ClientLink(self)
             if self.handle_signals:
@@ -704,24 +727,34 @@ class Relay:
     async def _connect(
         self,
         loop: asyncio.AbstractEventLoop,
-        server_in_fd: int,
-        server_out_fd: int,
+        server: tuple[int, int] | ServerPort,
         client: tuple[int, int] | ClientPort,
     ) -> None:
-        for fd in (server_in_fd, server_out_fd, *(client if isinstance(client, tuple) else ())):
+        for fd in (
+            *(server if isinstance(server, tuple) else ()),
+            *(client if isinstance(client, tuple) else ()),
+        ):
             _grow_pipe(fd)
         server_in_proto = _WriteProtocol(
             lambda: self._pause_client("server_stdin"),
             lambda: self._resume_client("server_stdin"),
             self._on_server_stdin_lost,
         )
-        server_in, _ = await loop.connect_write_pipe(
-            lambda: server_in_proto, os.fdopen(server_in_fd, "wb", 0)
-        )
-        server_out, _ = await loop.connect_read_pipe(
-            lambda: _ReadProtocol(self._on_server_data, self._on_server_eof),
-            os.fdopen(server_out_fd, "rb", 0),
-        )
+        server_out_proto = _ReadProtocol(self._on_server_data, self._on_server_eof)
+        server_in: asyncio.WriteTransport
+        server_out: asyncio.ReadTransport
+        if isinstance(server, ServerPort):
+            server_in, server_out = server.input, server.output
+            server_in.set_protocol(server_in_proto)
+            server_out.set_protocol(server_out_proto)
+        else:
+            server_in_fd, server_out_fd = server
+            server_in, _ = await loop.connect_write_pipe(
+                lambda: server_in_proto, os.fdopen(server_in_fd, "wb", 0)
+            )
+            server_out, _ = await loop.connect_read_pipe(
+                lambda: server_out_proto, os.fdopen(server_out_fd, "rb", 0)
+            )
         client_out: asyncio.WriteTransport
         client_out_proto: _WriteProtocol | None = None
         if isinstance(client, ClientPort):
