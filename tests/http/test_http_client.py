@@ -485,10 +485,49 @@ def test_https_is_verified_against_the_trust_store(tmp_path: Path) -> None:
             assert await get(trusted) == (200, b'{"tls": true}')
             await trusted.close()
             default = OriginClient(url, connect_timeout=5)
-            with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            with pytest.raises(ConnectFailed, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
                 await get(default)
             await default.close()
         finally:
             await runner.cleanup()
+
+    run(main)
+
+
+def test_an_address_that_drops_connects_does_not_cost_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's first address swallows the SYN (a listener whose backlog is full: the kernel
+    drops the connect, as a network that drops IPv6 does); the second answers. Trying one address
+    after the other would spend the whole connect timeout on the first; both are tried, the second
+    250 ms behind (happy eyeballs), and the request goes through on the second."""
+    import socket
+    import time
+
+    async def main() -> None:
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(0)
+        filler = socket.socket()
+        filler.connect(hole.getsockname())  # the one connection the backlog holds
+        async with raw_server(fixed(JSON_OK)) as (url, srv):
+            real_port = int(url.split(":")[2].split("/")[0])
+            addresses = [
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", hole.getsockname()),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", real_port)),
+            ]
+
+            async def two_addresses(self: object, host: str, port: int, **kw: object) -> list[object]:
+                return list(addresses)
+
+            monkeypatch.setattr(asyncio.BaseEventLoop, "getaddrinfo", two_addresses)
+            c = OriginClient(f"http://dual.test:{real_port}/mcp", connect_timeout=20)
+            began = time.monotonic()
+            assert await get(c) == (200, b"{}")
+            assert time.monotonic() - began < 5, "the dropped address held the request"
+            assert srv.connections == 1
+            await c.close()
+        filler.close()
+        hole.close()
 
     run(main)
