@@ -531,3 +531,19 @@ def test_an_address_that_drops_connects_does_not_cost_the_connect_timeout(
         hole.close()
 
     run(main)
+
+
+def test_a_url_outside_ascii_is_sent_as_ascii() -> None:
+    async def main() -> None:
+        async with raw_server(fixed(JSON_OK)) as (url, srv):
+            c = OriginClient(url.replace("/mcp", "/ünï code/mcp%2Fx") + "?q=é&a=b c", connect_timeout=5)
+            assert await get(c) == (200, b"{}")
+            request_line = srv.requests[0].split(b"\r\n")[0]
+            assert request_line == b"POST /%C3%BCn%C3%AF%20code/mcp%2Fx?q=%C3%A9&a=b%20c HTTP/1.1"
+            await c.close()
+        assert (
+            OriginClient("https://bücher.example/mcp", connect_timeout=5)._host_header
+            == "xn--bcher-kva.example"
+        )
+
+    run(main)

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator
 from http.cookies import CookieError, SimpleCookie
 from types import TracebackType
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohappyeyeballs
 import httptools
@@ -408,9 +408,15 @@ class OriginClient:
         self.host = parts.hostname
         self.port = parts.port or (443 if self.secure else 80)
         default_port = parts.port is None or parts.port == (443 if self.secure else 80)
-        shown_host = f"[{self.host}]" if ":" in self.host else self.host
+        # The request line and Host carry ASCII only: a name in another script goes as its IDNA
+        # form, and a path or query character outside ASCII percent-encoded as UTF-8 (what a
+        # browser sends for the same URL); escapes already in the URL are kept as they are.
+        ascii_host = self.host if self.host.isascii() else self.host.encode("idna").decode("ascii")
+        shown_host = f"[{ascii_host}]" if ":" in ascii_host else ascii_host
         self._host_header = shown_host if default_port else f"{shown_host}:{self.port}"
-        self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        path = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~")
+        query = quote(parts.query, safe="/?%:@!$&'()*+,;=~")
+        self._target = path + (f"?{query}" if query else "")
         self._connect_timeout = connect_timeout
         self._ssl: ssl.SSLContext | None = None
         if self.secure:
