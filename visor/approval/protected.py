@@ -22,6 +22,7 @@ hardlink, a bind mount or a renamed parent is still ours.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import unicodedata
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from visor.policy.paths import PathError, forms
+from visor.policy.paths import MISSING, PATH_MAX, SHORT_CUT_NAMES, PathError, forms
 from visor.policy.schema import Glob
 from visor.policy.shell import loose_words
 
@@ -183,23 +184,55 @@ class Protected:
             if any(key == f or key.startswith(f + ".") for f in self.folded_files):
                 return True
         if self.dir_ids or file_ids:
-            path = real
-            first = True
-            while True:
-                try:
-                    st = os.lstat(path)
-                except (OSError, ValueError):
-                    pass
-                else:
-                    key_id = (st.st_dev, st.st_ino)
-                    if key_id in self.dir_ids or (first and key_id in file_ids):
-                        return True
-                first = False
-                parent = os.path.dirname(path)
-                if parent == path:
-                    return False
-                path = parent
+            for path, st in _existing_ancestors(real):
+                key_id = (st.st_dev, st.st_ino)
+                if key_id in self.dir_ids or (path == real and key_id in file_ids):
+                    return True
         return False
+
+
+def _existing_ancestors(real: str) -> list[tuple[str, os.stat_result]]:
+    """`real` and each of its parents up to ``/`` that lstat finds, deepest first, with its stat.
+
+    A long reading (a 4 KB text with slashes read as a path) has hundreds of parents; looking
+    each one up cost milliseconds a call, and below the first name that does not exist none can
+    be found. So a long one is looked up from the root down, and the walk stops at the first
+    missing name (ENOENT, ENOTDIR); anything else (another error, a prefix past PATH_MAX) and
+    every short path get the plain walk up, one lstat per parent. Readings are normalised
+    absolute paths (no '.', no '..'), so the parents below the root are exactly its prefixes.
+    """
+    if real.count("/") > SHORT_CUT_NAMES and real.startswith("/") and "//" not in real:
+        found: list[tuple[str, os.stat_result]] = []
+        try:
+            found.append(("/", os.lstat("/")))
+            prefix = ""
+            for name in real.split("/")[1:]:
+                candidate = f"{prefix}/{name}"
+                if len(candidate.encode("utf-8", "surrogatepass")) >= PATH_MAX:
+                    raise _Undecided
+                try:
+                    found.append((candidate, os.lstat(candidate)))
+                except OSError as exc:
+                    if exc.errno not in MISSING:
+                        raise _Undecided from None
+                    return found[::-1]
+                prefix = candidate
+            return found[::-1]
+        except (_Undecided, ValueError, OSError):
+            pass
+    out: list[tuple[str, os.stat_result]] = []
+    path = real
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            out.append((path, os.lstat(path)))
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out
+        path = parent
+
+
+class _Undecided(Exception):
+    """The short cut cannot say; the plain walk does."""
 
 
 def signing_key_dir() -> Path:
