@@ -125,24 +125,33 @@ def self_signed(tmp: Path) -> Tls:
 
 
 # ------------------------------------------------------------------ nginx
+def _quoted(path: Path) -> str:
+    """An nginx string for `path`: double quotes, with backslash and double quote escaped."""
+    return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def nginx_config(shipped: str, *, prefix: Path, port: int, replicas: list[str], tls: Tls) -> str:
     """The shipped config with this machine's places put in; every other byte is kept."""
     user = pwd.getpwuid(os.geteuid()).pw_name
+    # Places are quoted: a temporary folder may hold spaces, quotes or '#' ("/tmp/Jane Doe/").
     subs: list[tuple[str, str]] = [
-        (r"(?m)^(\s*)user \S+;", rf"\1user {user};"),
-        (r"(?m)^(\s*)pid \S+;", rf"\1pid {prefix}/nginx.pid;"),
-        (r"(?m)^(\s*)error_log \S+", rf"\1error_log {prefix}/error.log"),
-        (r"(?m)^(\s*)access_log \S+;", rf"\1access_log {prefix}/access.log;"),
-        (r"(?m)^(\s*)listen 443 ssl", rf"\1listen 127.0.0.1:{port} ssl"),
-        (r"(?m)^(\s*)server_name mcp\.example\.org;", r"\1server_name 127.0.0.1;"),
-        (r"(?m)^(\s*)ssl_certificate \S+;", rf"\1ssl_certificate {tls.cert};"),
-        (r"(?m)^(\s*)ssl_certificate_key \S+;", rf"\1ssl_certificate_key {tls.key};"),
+        (r"(?m)^(\s*)user \S+;", f"user {user};"),
+        (r"(?m)^(\s*)pid \S+;", f"pid {_quoted(prefix / 'nginx.pid')};"),
+        (r"(?m)^(\s*)error_log \S+", f"error_log {_quoted(prefix / 'error.log')}"),
+        (r"(?m)^(\s*)access_log \S+;", f"access_log {_quoted(prefix / 'access.log')};"),
+        (r"(?m)^(\s*)listen 443 ssl", f"listen 127.0.0.1:{port} ssl"),
+        (r"(?m)^(\s*)server_name mcp\.example\.org;", "server_name 127.0.0.1;"),
+        (r"(?m)^(\s*)ssl_certificate \S+;", f"ssl_certificate {_quoted(tls.cert)};"),
+        (r"(?m)^(\s*)ssl_certificate_key \S+;", f"ssl_certificate_key {_quoted(tls.key)};"),
     ]
     for temp in TEMP_PATHS:
-        subs.append((rf"(?m)^(\s*){temp}_temp_path \S+;", rf"\1{temp}_temp_path {prefix}/temp/{temp};"))
+        subs.append(
+            (rf"(?m)^(\s*){temp}_temp_path \S+;", f"{temp}_temp_path {_quoted(prefix / 'temp' / temp)};")
+        )
     text = shipped
-    for pattern, repl in subs:
-        text, n = re.subn(pattern, repl, text)
+    for pattern, directive in subs:
+        # A function, not a template: a backslash in a place must stay a backslash.
+        text, n = re.subn(pattern, lambda m, d=directive: m.group(1) + d, text)  # type: ignore[misc]
         assert n >= 1, f"the shipped nginx.conf no longer has {pattern!r}"
     # Each replica appears in every upstream block (first in its own, `backup` in the others):
     # replicaN, wherever it appears, becomes the Nth address.
