@@ -11,6 +11,7 @@ answer.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,15 +26,29 @@ def _run(cmd: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)  # type: ignore[call-overload]
 
 
+def _source_copy(dest: Path) -> Path:
+    """What the build reads, copied out of the checkout: an in-tree setuptools build writes
+    `build/` and `*.egg-info` beside its sources, and the checkout may be read-only (or shared)."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(
+        ROOT / "visor", dest / "visor", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
+    )
+    return dest
+
+
 def test_the_built_wheel_runs_the_demo_and_the_bench(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
+    source = tmp_path / "source"
+    source.mkdir()
+    _source_copy(source)
     built = _run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            str(ROOT),
+            str(source),
             "--no-deps",
             "--no-build-isolation",
             "-w",
