@@ -547,3 +547,51 @@ def test_a_url_outside_ascii_is_sent_as_ascii() -> None:
         )
 
     run(main)
+
+
+def _gzip_body(payload: bytes, *, extra: bytes = b"", cut: int = 0) -> bytes:
+    body = gzip.compress(payload)
+    body = (body[:-cut] if cut else body) + extra
+    return b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_a_compressed_body_is_decoded_in_bounded_pieces() -> None:
+    """64 MiB of zeros gzip to about 64 KB: the pieces handed on stay small, and the caller's
+    limit stops the read long before the whole is in memory."""
+
+    async def main() -> None:
+        async with raw_server(fixed(_gzip_body(bytes(64 << 20)))) as (url, _):
+            c = OriginClient(url, connect_timeout=5)
+            async with await c.request("POST", {}, b"{}") as resp:
+                sizes = []
+                async for piece in resp.chunks():
+                    sizes.append(len(piece))
+                    if sum(sizes) > 4 << 20:
+                        break
+            assert max(sizes) <= client_mod._DECODE_STEP
+            with pytest.raises(ResponseTooLarge):
+                await get(c, limit=1 << 20)
+            await c.close()
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["cut short", "bytes after the end", "a second member"],
+)
+def test_a_compressed_body_that_does_not_end_where_its_stream_does_is_refused(case: str) -> None:
+    wire = {
+        "cut short": _gzip_body(b"hello " * 1000, cut=6),
+        "bytes after the end": _gzip_body(b"hello", extra=b"junk"),
+        "a second member": _gzip_body(b"hello", extra=gzip.compress(b"smuggled")),
+    }[case]
+
+    async def main() -> None:
+        async with raw_server(fixed(wire)) as (url, _):
+            c = OriginClient(url, connect_timeout=5)
+            with pytest.raises(ResponseBroken):
+                await get(c)
+            await c.close()
+
+    run(main)

@@ -35,7 +35,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from http.cookies import CookieError, SimpleCookie
 from types import TracebackType
 from typing import cast
@@ -53,6 +53,7 @@ KEEPALIVE_SECONDS = 15.0
 #: Idle connections kept for later requests; more are closed.
 MAX_IDLE = 32
 _HIGH_WATER = 1 << 20
+_DECODE_STEP = 256 * 1024
 _LOW_WATER = 256 * 1024
 _USER_AGENT = f"visor/{__version__}"
 
@@ -113,24 +114,29 @@ class Response:
         self._decoder = _decoder(headers.get("Content-Encoding"))
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body's bytes (decoded) as they arrive; raises `ResponseBroken` if it is cut short."""
+        """The body's bytes (decoded) as they arrive; raises `ResponseBroken` if it is cut short.
+
+        A compressed body is decoded at most `_DECODE_STEP` bytes at a time: a few KB of gzip
+        can stand for gigabytes, and the caller's limits must see them come in pieces."""
+        decoder = self._decoder
         while True:
             data = await self._conn.read_body()
-            if not data:
-                if self._decoder is not None:
-                    tail = self._decoder.flush()
-                    if tail:
-                        yield tail
-                return
-            if self._decoder is not None:
-                try:
-                    data = self._decoder.decompress(data)
-                except zlib.error as exc:
-                    self._conn.abort()
-                    raise ResponseBroken(f"the body's content coding is corrupt: {exc}") from exc
+            if decoder is None:
                 if not data:
-                    continue
-            yield data
+                    return
+                yield data
+                continue
+            try:
+                if not data:
+                    decoder.finish()
+                    return
+                for piece in decoder.pieces(data):
+                    yield piece
+            except (zlib.error, ResponseBroken) as exc:
+                self._conn.abort()
+                if isinstance(exc, ResponseBroken):
+                    raise
+                raise ResponseBroken(f"the body's content coding is corrupt: {exc}") from exc
 
     async def read(self, limit: int) -> bytes:
         """The whole body; `ResponseTooLarge` past `limit` bytes (decoded)."""
@@ -160,23 +166,34 @@ class ResponseTooLarge(HttpClientError):
 
 
 class _ZlibStream:
-    """gzip or deflate (zlib-wrapped or raw, as servers send both) in bounded steps."""
+    """gzip or deflate (zlib-wrapped or raw, as servers send both), decoded in bounded pieces."""
 
     def __init__(self, gzip: bool) -> None:
         self._gzip = gzip
         self._obj = zlib.decompressobj(wbits=31 if gzip else zlib.MAX_WBITS)
         self._started = False
 
-    def decompress(self, data: bytes) -> bytes:
+    def pieces(self, data: bytes) -> Iterator[bytes]:
         if not self._started and not self._gzip:
             self._started = True
             # "deflate" is specified as zlib-wrapped, but some servers send raw deflate.
             if data and (data[0] & 0x0F) != 8:
                 self._obj = zlib.decompressobj(wbits=-zlib.MAX_WBITS)
-        return self._obj.decompress(data)
+        obj = self._obj
+        while True:
+            if obj.eof and data:
+                raise ResponseBroken("the body goes on after the end of its compressed stream")
+            out = obj.decompress(data, _DECODE_STEP)
+            data = obj.unconsumed_tail or (obj.unused_data if obj.eof else b"")
+            if out:
+                yield out
+            # A full piece may leave output inside zlib with no input left: ask again for it.
+            if not data and len(out) < _DECODE_STEP:
+                return
 
-    def flush(self) -> bytes:
-        return self._obj.flush()
+    def finish(self) -> None:
+        if not self._obj.eof:
+            raise ResponseBroken("the body ended before its compressed stream did")
 
 
 def _decoder(coding: str | None) -> _ZlibStream | None:
