@@ -333,6 +333,7 @@ BROKEN = {
         b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70)) + b"\r\n"
     ),
     "protocol switch": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+    "interim responses without end": b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" * 17 + JSON_OK,
 }
 
 

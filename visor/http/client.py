@@ -50,6 +50,8 @@ from visor import __version__
 MAX_HEADER_BYTES = 64 * 1024
 #: An idle connection older than this is closed rather than used again.
 KEEPALIVE_SECONDS = 15.0
+#: Interim (1xx) responses taken before the final one; one more is a broken response.
+MAX_INTERIM = 16
 #: Idle connections kept for later requests; more are closed.
 MAX_IDLE = 32
 _HIGH_WATER = 1 << 20
@@ -229,6 +231,7 @@ class _Connection(asyncio.Protocol):
         self._until_close = False
         self._complete = False
         self._keep_alive = False
+        self._interim = 0
         self._response: Response | None = None
         self._body: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -292,7 +295,12 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:
-            # An interim response (100 Continue, 103 Early Hints): the real one follows.
+            # An interim response (100 Continue, 103 Early Hints): the real one follows. A server
+            # that sends nothing else would keep Visor parsing them for ever.
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                self._error = ResponseBroken(f"the server sent over {MAX_INTERIM} interim (1xx) responses")
+                raise self._error
             self._reset_message()
             return
         self._status = status
@@ -332,6 +340,7 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> asyncio.Future[Response]:
         assert self.transport is not None and self._head is None and self._response is None
         self._reset_message()
+        self._interim = 0
         head: asyncio.Future[Response] = self._loop.create_future()
         self._head = head
         self.transport.write(request)
