@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from visor.http.upstream import HttpUpstream, HttpUpstreamConfig
 from visor.logs import get_logger
+from visor.relay.memory import MemoryWriteTransport
 from visor.relay.proxy import Relay, RelayConfig, ServerEnd, ServerLink, ServerPort
 from visor.wire.framer import Framer, Oversize, Truncated
 
@@ -48,7 +49,8 @@ class HttpLink(ServerLink):
         self.upstream_config = upstream
         self.config = config
         self.http: HttpUpstream | None = None
-        self._input = _UpstreamInput(self)
+        # Where the server's stdin pipe would be: what the relay writes goes to `take`.
+        self._input = MemoryWriteTransport(self.take, self.queued, self.input_closed)
         self._output = _UpstreamOutput()
         self._lines: collections.deque[bytes] = collections.deque()
         # The core writes only lines it framed and checked itself: the cap is a safeguard.
@@ -137,60 +139,6 @@ class HttpLink(ServerLink):
             finally:
                 self._wakeup = None
         await http.close(grace=self.config.shutdown_grace)
-
-
-class _UpstreamInput(asyncio.WriteTransport):
-    """Where the server's stdin pipe would be: what the relay writes goes to `HttpLink.take`."""
-
-    def __init__(self, link: HttpLink) -> None:
-        super().__init__()
-        self._link = link
-        self._protocol: asyncio.BaseProtocol | None = None
-        self._closing = False
-        self._paused = False
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        assert self._protocol is not None
-        return self._protocol
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._closing:
-            self._link.take(bytes(data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        if not self._closing:
-            self._link.take(b"".join(list_of_data))
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return self._link.queued()
-
-    def pause(self) -> None:
-        if not self._paused and not self._closing and isinstance(self._protocol, asyncio.Protocol):
-            self._paused = True
-            self._protocol.pause_writing()
-
-    def resume(self) -> None:
-        if self._paused:
-            self._paused = False
-            if not self._closing and isinstance(self._protocol, asyncio.Protocol):
-                self._protocol.resume_writing()
-
-    def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._link.input_closed()
-
-    def abort(self) -> None:
-        self.close()
 
 
 class _UpstreamOutput(asyncio.ReadTransport):

@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 
 from visor.logs import get_logger
+from visor.relay.memory import MemoryWriteTransport
 from visor.relay.proxy import ClientPort, Relay
 from visor.wire.framer import Framer
 
@@ -157,7 +158,9 @@ class McpSession:
         self._framer = Framer(max_message_bytes)
         self._on_end = on_end
         self._input = _RelayInput(self)
-        self._output = _RelayOutput(self)
+        # Where a stdio client's stdout pipe would be: what the relay writes is framed and routed
+        # at once; the "buffer" is the messages routed and not yet taken by their HTTP requests.
+        self._output = MemoryWriteTransport(self._on_data, self._queued, self._on_eof)
         self._task: asyncio.Task[int] | None = None
         # The relay's input: whether it takes bytes now (it starts paused: not connected yet),
         # what waits for it to (sent without waiting: a cancel), and how it ended.
@@ -532,62 +535,3 @@ class _RelayInput(asyncio.ReadTransport):
             self._closing = True
             self._session._input_paused()
             self._session._input_closed_by_relay()
-
-
-class _RelayOutput(asyncio.WriteTransport):
-    """Where a stdio client's stdout pipe would be: what the relay writes is framed and routed
-    at once; the "buffer" is the messages routed and not yet taken by their HTTP requests."""
-
-    def __init__(self, session: McpSession) -> None:
-        super().__init__()
-        self._session = session
-        self._protocol: asyncio.BaseProtocol | None = None
-        self._closing = False
-        self._paused = False
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        assert self._protocol is not None
-        return self._protocol
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._closing:
-            self._session._on_data(bytes(data))
-
-    def writelines(self, list_of_data: Any) -> None:
-        if not self._closing:
-            self._session._on_data(b"".join(list_of_data))
-
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def can_write_eof(self) -> bool:
-        return False
-
-    def get_write_buffer_size(self) -> int:
-        return self._session._queued()
-
-    def pause(self) -> None:
-        if not self._paused and not self._closing and isinstance(self._protocol, asyncio.Protocol):
-            self._paused = True
-            self._protocol.pause_writing()
-
-    def resume(self) -> None:
-        if self._paused:
-            self._paused = False
-            if not self._closing and isinstance(self._protocol, asyncio.Protocol):
-                self._protocol.resume_writing()
-
-    def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._session._on_eof()
-        if self._protocol is not None:
-            # As a pipe transport does: the protocol hears of the close on the next turn.
-            asyncio.get_running_loop().call_soon(self._protocol.connection_lost, None)
-
-    def abort(self) -> None:
-        self.close()
