@@ -16,9 +16,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.observing import read_note, rss_kib, settled, until
 
 POLICY = """\
 version: "1.0"
@@ -100,44 +101,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _until(predicate: Any, what: str, limit: float = 120.0) -> None:
-    """Waits for a state, not a duration: the limit only ends a test that would hang."""
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.05)
-
-
-def _settled(read: Any, what: str) -> Any:
-    """The value `read` gives once it stopped changing for two seconds."""
-    last, same = read(), 0
-
-    def still() -> bool:
-        nonlocal last, same
-        now = read()
-        same = same + 1 if now == last else 0
-        last = now
-        return same >= 40
-
-    _until(still, what)
-    return last
-
-
-def _read(state: Path, name: str) -> str | None:
-    try:
-        return (state / name).read_text()
-    except FileNotFoundError:
-        return None
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 class Stack:
     def __init__(self, tmp_path: Path, env: dict[str, str] | None = None) -> None:
         self.state = tmp_path / "state"
@@ -150,7 +113,7 @@ class Stack:
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
         )
-        _until(lambda: _port_open(port), "the server listens")
+        until(lambda: _port_open(port), "the server listens")
         policy = tmp_path / "policy.yaml"
         policy.write_text(POLICY)
         self.visor = subprocess.Popen(
@@ -208,7 +171,7 @@ def test_a_client_that_reads_nothing_holds_the_http_server_back_not_visors_memor
         stack.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         stack.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert "tools" in stack.recv()["result"]
-        rss_before = _rss_kib(stack.visor.pid)
+        rss_before = rss_kib(stack.visor.pid)
         stack.send(
             {
                 "jsonrpc": "2.0",
@@ -217,10 +180,10 @@ def test_a_client_that_reads_nothing_holds_the_http_server_back_not_visors_memor
                 "params": {"name": "flood", "arguments": {"n": n}},
             }
         )
-        _until(lambda: _read(stack.state, "written") is not None, "the server started writing")
-        written = int(_settled(lambda: _read(stack.state, "written"), "the server stalled") or 0)
+        until(lambda: read_note(stack.state, "written") is not None, "the server started writing")
+        written = int(settled(lambda: read_note(stack.state, "written"), "the server stalled") or 0)
         assert written < n // 2, f"visor took {written} of {n} events nobody read"
-        grown_mib = (_rss_kib(stack.visor.pid) - rss_before) / 1024
+        grown_mib = (rss_kib(stack.visor.pid) - rss_before) / 1024
         assert grown_mib < 80, f"visor grew by {grown_mib:.0f} MiB for a client that reads nothing"
         seqs = []
         while True:
@@ -230,7 +193,7 @@ def test_a_client_that_reads_nothing_holds_the_http_server_back_not_visors_memor
             seqs.append(msg["params"]["data"]["seq"])
         assert seqs == list(range(n))
         assert msg["result"]["content"][0]["text"] == "flood"
-        assert _read(stack.state, "written") == str(n)
+        assert read_note(stack.state, "written") == str(n)
     finally:
         stack.close()
 
@@ -240,7 +203,7 @@ def test_a_server_that_never_answers_initialize_stops_visor_reading_the_client(t
     taken = 0
     try:
         stack.send(INIT)
-        _until(lambda: _read(stack.state, "init_seen") is not None, "the server got initialize")
+        until(lambda: read_note(stack.state, "init_seen") is not None, "the server got initialize")
         line = (
             json.dumps(
                 {
@@ -265,7 +228,7 @@ def test_a_server_that_never_answers_initialize_stops_visor_reading_the_client(t
 
         writer = threading.Thread(target=flood, daemon=True)
         writer.start()
-        stalled = _settled(lambda: taken, "visor stopped reading its stdin")
+        stalled = settled(lambda: taken, "visor stopped reading its stdin")
         # Everything after initialize waits for its answer (in order, as a stdio server reads):
         # Visor holds a bounded number of lines and stops reading, so the client's writes block.
         assert stalled < total // 2, f"visor read {stalled} of {total} messages it cannot send"

@@ -12,11 +12,11 @@ import os
 import signal
 import sys
 import threading
-import time
 from http.client import HTTPConnection
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.observing import read_note, rss_kib, settled, until
 from tests.serve.serve_proc import ACCEPT_BOTH, INIT, alive, http, initialize, post, serve
 
 POLICY = """\
@@ -122,13 +122,6 @@ def _gateway(tmp_path: Path):  # type: ignore[no-untyped-def]
     return gw, state
 
 
-def _read(state: Path, name: str) -> str | None:
-    try:
-        return (state / name).read_text()
-    except FileNotFoundError:
-        return None
-
-
 def _call(name: str, rpc_id: int, **arguments: object) -> dict[str, object]:
     params = {"name": name, "arguments": arguments}
     return {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call", "params": params}
@@ -137,37 +130,6 @@ def _call(name: str, rpc_id: int, **arguments: object) -> dict[str, object]:
 def _listed(url: str, sid: str) -> None:
     reply = post(url, {"jsonrpc": "2.0", "id": 100, "method": "tools/list"}, sid)
     assert reply.status == 200 and "tools" in reply.json()["result"], reply
-
-
-def _until(predicate, what: str, limit: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    """Waits for a state, not a duration: the limit only ends a test that would hang."""
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.05)
-
-
-def _settled(read, what: str) -> str | None:  # type: ignore[no-untyped-def]
-    """The value `read` gives once it stopped changing (a stalled writer), for two seconds."""
-    last, same = read(), 0
-
-    def still() -> bool:
-        nonlocal last, same
-        now = read()
-        same = same + 1 if now == last else 0
-        last = now
-        return same >= 40
-
-    _until(still, what)
-    return last
-
-
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_a_slow_http_client_stalls_the_server_not_the_gateways_memory(tmp_path: Path) -> None:
@@ -179,17 +141,17 @@ def test_a_slow_http_client_stalls_the_server_not_the_gateways_memory(tmp_path: 
     with gw_cm as gw:
         sid = initialize(gw.url)
         _listed(gw.url, sid)
-        rss_before = _rss_kib(gw.proc.pid)
+        rss_before = rss_kib(gw.proc.pid)
         parts = urlsplit(gw.url)
         conn = HTTPConnection(parts.hostname, parts.port, timeout=300)
         try:
             headers = {"Content-Type": "application/json", "Accept": ACCEPT_BOTH, "Mcp-Session-Id": sid}
             conn.request("POST", parts.path, body=json.dumps(_call("flood", 1, n=n)), headers=headers)
             # Nothing read yet: the server writes until the gateway stops taking its output.
-            _until(lambda: _read(state, "written") is not None, "the server started writing")
-            written = int(_settled(lambda: _read(state, "written"), "the server stalled") or 0)
+            until(lambda: read_note(state, "written") is not None, "the server started writing")
+            written = int(settled(lambda: read_note(state, "written"), "the server stalled") or 0)
             assert written < n // 2, f"the gateway took {written} of {n} messages nobody read"
-            grown_mib = (_rss_kib(gw.proc.pid) - rss_before) / 1024
+            grown_mib = (rss_kib(gw.proc.pid) - rss_before) / 1024
             assert grown_mib < 80, f"the gateway grew by {grown_mib:.0f} MiB for a client that reads nothing"
             # Now the client reads: everything comes, in order, and the answer last.
             response = conn.getresponse()
@@ -201,7 +163,7 @@ def test_a_slow_http_client_stalls_the_server_not_the_gateways_memory(tmp_path: 
         seqs = [e["params"]["data"]["seq"] for e in events[:-1]]
         assert seqs == list(range(n))
         assert events[-1]["id"] == 1 and events[-1]["result"]["content"][0]["text"] == "flood"
-        assert _read(state, "written") == str(n)
+        assert read_note(state, "written") == str(n)
 
 
 def test_a_server_that_stops_reading_holds_the_client_back(tmp_path: Path) -> None:
@@ -226,16 +188,16 @@ def test_a_server_that_stops_reading_holds_the_client_back(tmp_path: Path) -> No
         for t in threads:
             t.start()
         try:
-            taken = _settled(lambda: len(accepted), "the gateway stopped taking notifications")
+            taken = settled(lambda: len(accepted), "the gateway stopped taking notifications")
             assert taken is not None and taken < total // 2, (
                 f"{taken} of {total} taken by a server that reads none"
             )
         finally:
-            os.kill(int(_read(state, "pid") or 0), signal.SIGUSR1)
+            os.kill(int(read_note(state, "pid") or 0), signal.SIGUSR1)
             for t in threads:
                 t.join(120)
         assert accepted == [202] * total
-        _until(lambda: _read(state, "notes") == str(total), "the server read every notification")
+        until(lambda: read_note(state, "notes") == str(total), "the server read every notification")
 
 
 def test_delete_is_the_servers_end_of_input(tmp_path: Path) -> None:
@@ -244,9 +206,9 @@ def test_delete_is_the_servers_end_of_input(tmp_path: Path) -> None:
     with gw_cm as gw:
         sid = initialize(gw.url)
         _listed(gw.url, sid)
-        pid = int(_read(state, "pid") or 0)
+        pid = int(read_note(state, "pid") or 0)
         assert http("DELETE", gw.url, None, {"Mcp-Session-Id": sid}).status == 200
-        assert _read(state, "eof") == "stdin closed"
+        assert read_note(state, "eof") == "stdin closed"
         assert not alive(pid)
         assert post(gw.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid).status == 404
 
@@ -262,11 +224,11 @@ def test_a_server_that_exits_after_answering_ends_the_session_with_its_answer_de
         _listed(gw.url, sid)
         reply = post(gw.url, _call("quit", 1), sid)
         assert reply.status == 200 and reply.json()["result"]["content"][0]["text"] == "quit"
-        _until(
+        until(
             lambda: post(gw.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid).status == 404,
             "the session ended with its server",
         )
-        assert _read(state, "eof") is None  # it ended by itself, not for lack of input
+        assert read_note(state, "eof") is None  # it ended by itself, not for lack of input
         other = initialize(gw.url)
         _listed(gw.url, other)
 
