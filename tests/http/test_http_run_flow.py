@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.observing import read_note, rss_kib, settled, until
+from tests.serve.serve_proc import INIT
 
 POLICY = """\
 version: "1.0"
@@ -148,18 +149,6 @@ def _port_open(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
 
 
 def test_a_client_that_reads_nothing_holds_the_http_server_back_not_visors_memory(tmp_path: Path) -> None:
