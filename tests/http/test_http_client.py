@@ -596,3 +596,63 @@ def test_a_compressed_body_that_does_not_end_where_its_stream_does_is_refused(ca
             await c.close()
 
     run(main)
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "POST"])
+def test_a_kept_connection_closed_under_a_request_repeats_only_what_is_safe_to_repeat(method: str) -> None:
+    """The server answers once on a connection, then closes it as the next request arrives (an
+    idle timeout racing the request). GET and DELETE go again on a new connection; a POST, which
+    may have run, is an error and is sent once."""
+    seen: list[tuple[int, bytes]] = []
+
+    async def main() -> None:
+        connections = 0
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            mine = connections
+            served = 0
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(
+                        (
+                            int(x.split(b":")[1])
+                            for x in head.split(b"\r\n")
+                            if x.lower().startswith(b"content-length:")
+                        ),
+                        0,
+                    )
+                    if length:
+                        await reader.readexactly(length)
+                    seen.append((mine, head.split(b" ", 1)[0]))
+                    if mine == 1 and served == 1:
+                        writer.close()  # the second request on the first connection: closed unanswered
+                        return
+                    served += 1
+                    writer.write(JSON_OK)
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        c = OriginClient(f"http://127.0.0.1:{port}/mcp", connect_timeout=5)
+        async with await c.request(method, {}, b"{}" if method == "POST" else None) as r:
+            assert await r.read(100) == b"{}"
+        if method == "POST":
+            with pytest.raises(ResponseBroken):
+                await c.request(method, {}, b"{}")
+        else:
+            async with await c.request(method, {}) as r:
+                assert r.status == 200 and await r.read(100) == b"{}"
+        await c.close()
+        server.close()
+
+    run(main)
+    verb = method.encode()
+    if method == "POST":
+        assert seen == [(1, verb), (1, verb)]  # sent once, never again
+    else:
+        assert seen == [(1, verb), (1, verb), (2, verb)]

@@ -58,6 +58,7 @@ _HIGH_WATER = 1 << 20
 _DECODE_STEP = 256 * 1024
 _LOW_WATER = 256 * 1024
 _USER_AGENT = f"visor/{__version__}"
+_SAFE_TO_REPEAT = frozenset({"GET", "DELETE"})
 
 
 class HttpClientError(Exception):
@@ -220,6 +221,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.lost = False
+        # Taken from the idle pool for this request (not opened for it).
+        self.reused = False
         self.idle_since = 0.0
         self._head: asyncio.Future[Response] | None = None
         self._status = 0
@@ -460,6 +463,18 @@ class OriginClient:
         conn = await self._connection()
         try:
             response = await conn.send(wire)
+        except ResponseBroken:
+            conn.abort()
+            # A kept connection the server closed as this request went out. GET and DELETE are
+            # sent once more on a new connection, as clients do; a POST may have run: never.
+            if not conn.reused or method not in _SAFE_TO_REPEAT:
+                raise
+            conn = await self._connection(fresh=True)
+            try:
+                response = await conn.send(wire)
+            except BaseException:
+                conn.abort()
+                raise
         except BaseException:
             conn.abort()
             raise
@@ -486,15 +501,16 @@ class OriginClient:
         await asyncio.sleep(0)  # the transports' connection_lost runs before the loop may close
 
     # ------------------------------------------------------------ internals
-    async def _connection(self) -> _Connection:
+    async def _connection(self, *, fresh: bool = False) -> _Connection:
         now = time.monotonic()
-        while self._idle:
+        while self._idle and not fresh:
             conn = self._idle.pop()  # the most recently used: the least likely to be closed by now
             if conn.lost or conn.transport is None or conn.transport.is_closing():
                 continue
             if now - conn.idle_since > KEEPALIVE_SECONDS:
                 conn.abort()
                 continue
+            conn.reused = True
             return conn
         loop = asyncio.get_running_loop()
         try:
