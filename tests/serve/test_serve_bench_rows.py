@@ -3,11 +3,19 @@ allowed (an echo refused by the gateway raises), and the report states each targ
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from visor.bench.http_rows import Work, render, run
 
 
-def test_http_rows_run_and_report_the_targets() -> None:
+def test_http_rows_run_and_report_the_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    users_home = tmp_path / "the-users-visor-home"
+    monkeypatch.setenv("VISOR_HOME", str(users_home))
     data = run(Work(sequential=20, pipelined=100, window=8, sessions=5, calls_per_session=3))
+    # Every Visor the rows start keeps its files in the bench's scratch folder, not the user's home.
+    assert not users_home.exists(), sorted(p.name for p in users_home.rglob("*"))
     direct, through, own, floor = data["rows"]
     assert direct["name"] == "direct HTTP" and through["name"] == "through visor serve --url"
     assert own["name"] == "through visor serve -- stdio" and floor["name"] == "raw TCP relay"

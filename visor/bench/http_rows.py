@@ -383,7 +383,17 @@ async def stdio_pipelined(tmp: Path, work: Work) -> float:
     policy.write_text(POLICY)
     extra = ["--server-name", "bench", "--policy", str(policy), "--audit-log", str(tmp / "stdio-audit.jsonl")]
     row = Row("visor run (stdio)", visor_command(extra, ECHO_SERVER))
-    result = await drive(row, Workload(sequential=50, pipelined=work.pipelined, big_calls=0, micro=False))
+    # Its group store, pins and approvals go to the scratch folder, never the user's $VISOR_HOME
+    # (the child inherits this process's environment, as the gateways' get it explicitly).
+    home = os.environ.get("VISOR_HOME")
+    os.environ["VISOR_HOME"] = str(tmp / "home")
+    try:
+        result = await drive(row, Workload(sequential=50, pipelined=work.pipelined, big_calls=0, micro=False))
+    finally:
+        if home is None:
+            os.environ.pop("VISOR_HOME", None)
+        else:
+            os.environ["VISOR_HOME"] = home
     return result.pipelined_calls_s
 
 
