@@ -404,7 +404,8 @@ class Gateway:
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
         response = await self._mcp(request)
-        if not _over_unix_socket(request):
+        # Only a worker (`forward` set) listens on a unix socket: one process asks no transport.
+        if self.forward is None or not _over_unix_socket(request):
             # A request forwarded from another worker (`--workers N`) is counted there, once:
             # a scrape sums every worker's figures.
             self.metrics.http_request(request.method, response.status)
