@@ -143,7 +143,8 @@ class HttpLink(ServerLink):
 
 class _UpstreamOutput(asyncio.ReadTransport):
     """Where the server's stdout pipe would be: the upstream's messages, one line each, to the
-    relay's protocol; `deliver` waits while the relay has paused reading."""
+    relay's protocol; `deliver` waits while the relay has paused reading. The end comes after
+    every message already being delivered, as a pipe's EOF comes after the bytes written to it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -151,7 +152,9 @@ class _UpstreamOutput(asyncio.ReadTransport):
         self._reading = asyncio.Event()
         self._reading.set()
         self._closing = False
-        self._ended = False
+        self._waiting = 0  # deliveries held by a pause
+        self._end_wanted = False
+        self._end_sent = False
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         assert isinstance(protocol, asyncio.Protocol)
@@ -180,17 +183,32 @@ class _UpstreamOutput(asyncio.ReadTransport):
 
     async def deliver(self, raw: bytes) -> None:
         """One message from the upstream (the `MessageSink` side)."""
+        if self._end_wanted:
+            return  # the upstream ended before this one was sent on
         if not self._reading.is_set():
-            await self._reading.wait()
-        if self._closing or self._ended or self._protocol is None:
-            return
-        self._protocol.data_received(raw + b"\n")
+            self._waiting += 1
+            try:
+                await self._reading.wait()
+            finally:
+                self._waiting -= 1
+        if not self._closing and self._protocol is not None:
+            self._protocol.data_received(raw + b"\n")
+        if self._end_wanted and not self._waiting:
+            self._send_end()
 
     def end(self) -> None:
-        """The upstream has no more messages (or the link ends the output): the server's EOF, once."""
-        if self._ended:
+        """The upstream has no more messages (or the link ends the output): the server's EOF,
+        once, after the messages whose delivery a pause is holding."""
+        if self._end_wanted:
             return
-        self._ended = True
+        self._end_wanted = True
+        if not self._waiting:
+            self._send_end()
+
+    def _send_end(self) -> None:
+        if self._end_sent:
+            return
+        self._end_sent = True
         if not self._closing and self._protocol is not None:
             self._protocol.eof_received()
 
