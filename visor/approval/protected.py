@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from visor.policy.paths import MISSING, PATH_MAX, SHORT_CUT_NAMES, PathError, forms
+from visor.policy.paths import PathError, existing_prefixes, forms
 from visor.policy.schema import Glob
 from visor.policy.shell import loose_words
 
@@ -194,32 +194,14 @@ class Protected:
 def _existing_ancestors(real: str) -> list[tuple[str, os.stat_result]]:
     """`real` and each of its parents up to ``/`` that lstat finds, deepest first, with its stat.
 
-    A long reading (a 4 KB text with slashes read as a path) has hundreds of parents; looking
-    each one up cost milliseconds a call, and below the first name that does not exist none can
-    be found. So a long one is looked up from the root down, and the walk stops at the first
-    missing name (ENOENT, ENOTDIR); anything else (another error, a prefix past PATH_MAX) and
-    every short path get the plain walk up, one lstat per parent. Readings are normalised
-    absolute paths (no '.', no '..'), so the parents below the root are exactly its prefixes.
+    A long reading (a 4 KB text with slashes read as a path) has hundreds of parents, and below
+    the first name that does not exist none can be found: such a reading is looked up from the
+    root down, to that name (`existing_prefixes`). Readings are normalised absolute paths, so
+    their parents below the root are exactly their prefixes; anything else, and every short
+    path, gets the plain walk up, one lstat per parent.
     """
-    if real.count("/") > SHORT_CUT_NAMES and real.startswith("/") and "//" not in real:
-        found: list[tuple[str, os.stat_result]] = []
-        try:
-            found.append(("/", os.lstat("/")))
-            prefix = ""
-            for name in real.split("/")[1:]:
-                candidate = f"{prefix}/{name}"
-                if len(candidate.encode("utf-8", "surrogatepass")) >= PATH_MAX:
-                    raise _Undecided
-                try:
-                    found.append((candidate, os.lstat(candidate)))
-                except OSError as exc:
-                    if exc.errno not in MISSING:
-                        raise _Undecided from None
-                    return found[::-1]
-                prefix = candidate
-            return found[::-1]
-        except (_Undecided, ValueError, OSError):
-            pass
+    if "//" not in real and (walk := existing_prefixes(real)) is not None:
+        return walk[0][::-1]
     out: list[tuple[str, os.stat_result]] = []
     path = real
     while True:
@@ -229,10 +211,6 @@ def _existing_ancestors(real: str) -> list[tuple[str, os.stat_result]]:
         if parent == path:
             return out
         path = parent
-
-
-class _Undecided(Exception):
-    """The short cut cannot say; the plain walk does."""
 
 
 def signing_key_dir() -> Path:

@@ -81,7 +81,8 @@ class HttpUpstreamConfig:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     #: Requests awaiting their answer at once; one more is answered with an error at once.
     max_in_flight: int = 64
-    #: Messages read from HTTP and not yet taken by the relay; past it, reading waits.
+    #: Messages read from HTTP and not yet taken by a reader iterating over the upstream; past
+    #: it, reading waits. (Through `HttpLink` there is no queue: the relay takes each at once.)
     max_queued: int = 1024
     connect_timeout: float = 30.0
     #: The longest a server's ``retry`` may make Visor wait before reconnecting.

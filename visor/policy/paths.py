@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from visor.policy.schema import Glob
 from visor.wire.folding import fold_lower
 
-PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
+_PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 4096
 
 # Argument names that always hold paths. Matching is on the snake_case form of
 # the name, so ``filePath`` and ``file_path`` are the same.
@@ -201,44 +201,54 @@ def _real(path: str) -> str:
 
 
 # Paths with more names than this take the short cut below; shorter ones go straight to realpath.
-SHORT_CUT_NAMES = 16
-MISSING = frozenset({errno.ENOENT, errno.ENOTDIR})
+_SHORT_CUT_NAMES = 16
+_MISSING = frozenset({errno.ENOENT, errno.ENOTDIR})
+
+
+def existing_prefixes(path: str) -> tuple[list[tuple[str, os.stat_result]], list[str]] | None:
+    """Look a long absolute path's names up from the root, stopping at the first that is missing.
+
+    A long string that is not a path at all (a 4 KB message with slashes in it, which every path
+    check reads as one) would cost a system call per slash to walk whole. Once a name is missing
+    (ENOENT, ENOTDIR) nothing below it exists: no name below can be looked up, nor be a symlink,
+    unless a '..' climbs back above it. Returns ("/" and each prefix that exists, shallowest
+    first, with its lstat; the names not looked up, the missing one first: empty when every name
+    exists), '.' and empty names dropped. None when the walk cannot say, and the caller takes the
+    long way: a relative or short path, a '..', another error (ELOOP, EACCES, a NUL), a prefix
+    at PATH_MAX.
+    """
+    if path.count("/") <= _SHORT_CUT_NAMES or not path.startswith("/"):
+        return None
+    names = [n for n in path.split("/") if n and n != "."]
+    if ".." in names:
+        return None
+    try:
+        found = [("/", os.lstat("/"))]
+        prefix = ""
+        for k, name in enumerate(names):
+            candidate = f"{prefix}/{name}"
+            if len(candidate.encode("utf-8", "surrogatepass")) >= _PATH_MAX:
+                return None
+            try:
+                found.append((candidate, os.lstat(candidate)))
+            except OSError as exc:
+                return (found, names[k:]) if exc.errno in _MISSING else None
+            prefix = candidate
+    except (OSError, ValueError):
+        return None
+    return found, []
 
 
 def _realpath(path: str) -> str:
     """`os.path.realpath(path)`, the same string, without one lstat per name past the first
-    name that does not exist.
-
-    realpath looks up every name in turn, and a long string that is not a path at all (a 4 KB
-    message with slashes in it, which every path check reads as one) costs a system call and a
-    join per slash: milliseconds. Once a name is missing (ENOENT, ENOTDIR) nothing below it
-    exists, so no name below it can be a symlink, and realpath only appends the rest as it
-    stands ('.' and empty names dropped); unless a '..' climbs back above it, which is why
-    a path holding '..' is never cut short. So: look the names up from the root while the
-    prefix is short enough to look up (PATH_MAX); at the first missing one, realpath the part
-    above it and append the rest. Anything else (every name exists, a relative path, another
-    error such as ELOOP or EACCES, a prefix too long) is realpath's own answer.
-    (tests/policy/test_paths_realpath.py holds the two to the same string on a tree of links.)
-    """
-    if path.count("/") <= SHORT_CUT_NAMES or not path.startswith("/"):
+    name that does not exist (`existing_prefixes`): realpath the part above it, append the rest
+    as realpath would. (tests/policy/test_paths_realpath.py holds the two to the same string on
+    a tree of links.)"""
+    walk = existing_prefixes(path)
+    if walk is None or not walk[1]:
         return os.path.realpath(path)
-    names = [n for n in path.split("/") if n and n != "."]
-    if ".." in names:
-        return os.path.realpath(path)
-    prefix = ""
-    for k, name in enumerate(names):
-        candidate = f"{prefix}/{name}"
-        if len(candidate.encode("utf-8", "surrogatepass")) >= PATH_MAX:
-            break
-        try:
-            os.lstat(candidate)
-        except OSError as exc:
-            if exc.errno not in MISSING:
-                break
-            head = os.path.realpath(prefix or "/")
-            return head.rstrip("/") + "/" + "/".join(names[k:])
-        prefix = candidate
-    return os.path.realpath(path)
+    found, rest = walk
+    return os.path.realpath(found[-1][0]).rstrip("/") + "/" + "/".join(rest)
 
 
 @lru_cache(maxsize=4096)
