@@ -47,9 +47,9 @@ class CountingWriter:
         self.appended.append(event["event"])
         return self._writer.append(event)
 
-    def submit(self, event: dict[str, Any]) -> Any:
+    def submit(self, event: dict[str, Any], *, sole: bool = False) -> Any:
         self.submitted.append(event["event"])
-        return self._writer.submit(event)
+        return self._writer.submit(event, sole=sole)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._writer, name)

@@ -60,6 +60,12 @@ __all__ = [
 # after this much quiet so they do not wait indefinitely for the next allow.
 IDLE_SYNC_SECONDS = 1.0
 
+# A sole caller's allow is made durable on its own thread only when no other caller wrote for this
+# long (another session is active: group commit serves it better) ...
+QUIET_SECONDS = 0.005
+# ... and when the last fsync was at least this quick: the caller's loop waits for it.
+CALLER_FSYNC_MAX_SECONDS = 0.002
+
 _LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _default_fsync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
@@ -85,6 +91,7 @@ class AuditStats:
     largest_group: int  # most commits covered by one fsync
     bytes_written: int
     rotations: int
+    caller_fsyncs: int = 0  # fsyncs made on a sole caller's thread (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +312,12 @@ class AuditWriter:
         self._held = 0
         self._wake_pending = False
         self._records = self._commits = self._writes = self._fsyncs = 0
+        self._caller_fsyncs = 0
+        # Who wrote last (a `sole` key; None for callers that name none), since when only they
+        # have, and how long the last fsync took: what a sole caller's own commit depends on.
+        self._writer_key: object = None
+        self._writer_key_since = 0.0
+        self._last_fsync_seconds = float("inf")
         self._largest = self._bytes = self._rotations = 0
         self._next_rotation = int(next_rotated_name(path).name.rsplit(".", 1)[1])
         # Signed checkpoints (visor/audit/signing.py): records stamped since the
@@ -402,7 +415,9 @@ class AuditWriter:
         try:
             self._write_all(enc.line)
             if self._durable:
+                began = time.perf_counter()
                 self._fsync(self._fd)
+                self._last_fsync_seconds = time.perf_counter() - began
                 self._fsyncs += 1
         except OSError as exc:
             raise AuditError(f"{self._path}: cannot write the audit log: {exc.strerror or exc}") from exc
@@ -456,6 +471,7 @@ class AuditWriter:
                 largest_group=self._largest,
                 bytes_written=self._bytes,
                 rotations=self._rotations,
+                caller_fsyncs=self._caller_fsyncs,
             )
 
     async def commit(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -467,22 +483,27 @@ class AuditWriter:
         # withdraws the wait, never the evidence.
         return await future
 
-    def submit(self, event: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    def submit(
+        self, event: dict[str, Any], *, key: object = None, sole: bool = False
+    ) -> asyncio.Future[dict[str, Any]]:
         """`commit` without a coroutine: the record takes its place in the log now.
 
         The returned future resolves once an fsync covering the record has
         returned. The gate uses this so that records it appends right after an
         allow (taints) follow the allow in the chain, and no task is created
-        per call.
+        per call. `key` names the caller (an MCP session of the gateway);
+        `sole` says it has no other call in flight, which lets the writer make
+        the record durable on this thread when nothing else is going on (the
+        module's docstring): the future is then already done on return.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._enqueue(event, future, loop)
+        self._enqueue(event, future, loop, key, sole)
         return future
 
-    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+    def append(self, event: dict[str, Any], *, key: object = None) -> dict[str, Any]:
         """Append `event` without waiting; it is fsync'd with the next group."""
-        return self._enqueue(event, None, None)
+        return self._enqueue(event, None, None, key)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -559,22 +580,41 @@ class AuditWriter:
         event: dict[str, Any],
         future: asyncio.Future[dict[str, Any]] | None,
         loop: asyncio.AbstractEventLoop | None,
+        key: object = None,
+        sole: bool = False,
     ) -> dict[str, Any]:
         with self._cond:
             if not self._healthy:
                 raise AuditUnhealthy(self._failure)
             if self._closing:
                 raise AuditUnhealthy(f"{self._path}: the audit writer is closed")
+            now = time.monotonic()
+            if key != self._writer_key:
+                self._writer_key = key
+                self._writer_key_since = now
+                here = False
+            else:
+                here = (
+                    sole
+                    and not self._writing
+                    and now - self._writer_key_since >= QUIET_SECONDS
+                    and self._last_fsync_seconds <= CALLER_FSYNC_MAX_SECONDS
+                    and loop is asyncio.get_running_loop()
+                    and all(type(p) is _Pending and p.future is None for p in self._queue)
+                )
             enc = self._stamp(event)
             self._queue.append(_Pending(enc.line, enc.record, future, loop))
+            if here:
+                self._commit_here()
             if self._signer is not None and self._signer.every and self._unsigned >= self._signer.every:
                 self._queue_checkpoint("interval")
             if self._max_bytes is not None and self._size >= self._max_bytes:
                 self._queue_rotation()
-            if self._held:
-                self._wake_pending = True
-            else:
-                self._hand_on()
+            if self._queue:
+                if self._held:
+                    self._wake_pending = True
+                else:
+                    self._hand_on()
         return enc.record
 
     def _hand_on(self) -> None:
@@ -598,6 +638,39 @@ class AuditWriter:
             )
             raise AuditUnhealthy(self._failure) from exc
         self._records += len(queue)
+
+    def _commit_here(self) -> None:
+        """Write what is queued and fsync it on the caller's thread, then settle its waiter here.
+
+        Caller holds the lock, so the thread cannot take a batch meanwhile, and has checked that
+        the thread is not writing and that only the sole caller's record is waited for: the file
+        stays in seq order. A failure poisons the writer and reaches the waiter, as from the thread.
+        """
+        queue, self._queue = self._queue, []
+        segment = [p for p in queue if type(p) is _Pending]
+        failure: str | None = None
+        try:
+            self._write_all(b"".join(p.line for p in segment))
+            covered = self._written
+            if self._durable:
+                began = time.perf_counter()
+                self._fsync(self._fd)
+                self._last_fsync_seconds = time.perf_counter() - began
+                self._fsyncs += 1
+                self._caller_fsyncs += 1
+            self._synced = max(self._synced, covered)
+        except OSError as exc:
+            self._poison(
+                f"{self._path}: audit write failed: {exc.strerror or exc}; no further call is allowed"
+            )
+            failure = self._failure
+        else:
+            self._records += len(segment)
+            self._commits += 1
+            self._largest = max(self._largest, 1)
+        for p in segment:
+            if p.future is not None:
+                _settle(p.future, p.record, AuditUnhealthy(failure) if failure is not None else None)
 
     def _queue_rotation(self) -> None:
         # Numbers are handed out here, in queue order, so a rotation still waiting
@@ -685,10 +758,13 @@ class AuditWriter:
                 dirty = covered != self._synced
             if dirty and (waiting or force_sync):
                 if self._durable:
+                    began = time.perf_counter()
                     self._fsync(self._fd)
+                    took = time.perf_counter() - began
                 with self._cond:
                     if self._durable:
                         self._fsyncs += 1
+                        self._last_fsync_seconds = took
                     # Writes a caller made during the fsync may not be covered: they stay dirty.
                     self._synced = max(self._synced, covered)
         except OSError as exc:

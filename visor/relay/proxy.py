@@ -601,7 +601,10 @@ class Relay:
             return
         members, group[:] = group[:], []
         try:
-            fut = self.audit.submit(action.event)
+            # Sole: this call is the session's only one in flight and nothing else waits to be
+            # judged; the writer may then make it durable on this thread (visor/audit/writer.py).
+            sole = not members and not self._queued and len(self.core.pending) == 1
+            fut = self.audit.submit(action.event, sole=sole)
         except Exception as exc:
             for member, _ in members:
                 self.feed(CommitFailed(member, str(exc)))
@@ -673,6 +676,7 @@ class Relay:
             "audit_stats",
             commits=self._committed,
             fsyncs=stats.fsync_count,
+            fsyncs_on_loop=stats.caller_fsyncs,
             records=stats.records_written,
             largest_group=stats.largest_group,
             healthy=audit.healthy,

@@ -33,10 +33,12 @@ class SessionAudit:
         return {**event, FIELD: self._mcp_session}
 
     def append(self, event: dict[str, Any]) -> dict[str, Any]:
-        return self._writer.append(self._tagged(event))
+        return self._writer.append(self._tagged(event), key=self._mcp_session)
 
-    def submit(self, event: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-        return self._writer.submit(self._tagged(event))
+    def submit(self, event: dict[str, Any], *, sole: bool = False) -> asyncio.Future[dict[str, Any]]:
+        # The session is the writer's key: a sole call is committed on the loop's thread only
+        # while no other session writes (visor/audit/writer.py).
+        return self._writer.submit(self._tagged(event), key=self._mcp_session, sole=sole)
 
     async def commit(self, event: dict[str, Any]) -> dict[str, Any]:
         return await self._writer.commit(self._tagged(event))
