@@ -623,7 +623,12 @@ class Relay:
                 self.feed(CommitDone(member, seq))
             self.feed(CommitDone(call, f.result()["seq"]))
 
-        fut.add_done_callback(durable)
+        if fut.done():
+            # Made durable on this thread (a sole call): go on now, not a turn of the loop later.
+            # The feed in progress takes these events after the actions it is performing.
+            durable(fut)
+        else:
+            fut.add_done_callback(durable)
 
     def _ask(self, action: AskHuman) -> None:
         assert self._loop is not None
