@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ import orjson
 import pytest
 
 from tests.conftest import VisorProcess
+from tests.observing import until
 from visor.audit import writer as writer_mod
 from visor.audit.verify import verify_path
 from visor.audit.writer import AuditUnhealthy, AuditWriter
@@ -256,3 +258,22 @@ def test_through_visor_run_sequential_calls_commit_on_the_loop_and_a_pipelined_r
     assert int(stats["commits"]) == 24
     assert int(stats["fsyncs"]) < 1 + 4 + 10
     assert verify_path(audit_log).ok
+
+
+def test_visor_run_killed_as_the_server_gets_a_sole_call_has_its_allow_in_the_file(
+    visor: VisorProcess, recorder_log: Path, tmp_path: Path
+) -> None:
+    """SIGKILL the moment the server has the call: the allow made on the loop is already written.
+
+    (SIGKILL keeps the page cache, so this proves the order, write and fsync before relay, on the
+    path a sequential call now takes; the fsync itself is what a power cut needs.)
+    """
+    time.sleep(writer_mod.QUIET_SECONDS * 2)
+    visor.request(
+        {"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": "echo", "arguments": {}}}
+    )
+    until(lambda: b'"id":77' in recorder_log.read_bytes().replace(b" ", b""), "the server got the call")
+    visor.proc.send_signal(signal.SIGKILL)
+    visor.proc.wait(10)
+    allows = [orjson.loads(line) for line in lines(tmp_path / "audit.jsonl") if b'"allow"' in line]
+    assert [a["id"] for a in allows if a["event"] == "allow"] == [77]
