@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,19 @@ class Disk:
         return sum(1 for ident, _ in self.fsyncs if ident == thread)
 
 
-def open_writer(path: Path, disk: Disk, **kwargs: Any) -> AuditWriter:
-    return AuditWriter.open(path, session="s", fsync=disk.fsync, **kwargs)
+def with_writer(
+    path: Path, disk: Disk, body: Callable[[AuditWriter], Awaitable[None]], **kwargs: Any
+) -> None:
+    """Run `body` with a writer on `path` whose fsync is `disk`'s, and close it after."""
+
+    async def run() -> None:
+        w = AuditWriter.open(path, session="s", fsync=disk.fsync, **kwargs)
+        try:
+            await body(w)
+        finally:
+            await w.close()
+
+    asyncio.run(run())
 
 
 def test_a_sole_commit_is_written_and_fsynced_before_submit_returns_on_the_callers_thread(
@@ -65,25 +77,21 @@ def test_a_sole_commit_is_written_and_fsynced_before_submit_returns_on_the_calle
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk)
+    async def body(w: AuditWriter) -> None:
         me = threading.get_ident()
-        try:
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            before = disk.on(me)
-            future = w.submit(allow(1), sole=True)
-            assert future.done(), "the sole commit was not made on the caller's thread"
-            record = future.result()
-            assert disk.on(me) == before + 1
-            # The fsync ran with the record already in the file: the whole file was covered.
-            assert disk.fsyncs[-1][1] == log.stat().st_size
-            assert orjson.loads(lines(log)[-1])["event"] == "allow"
-            assert record["seq"] == 1
-            assert w.stats.caller_fsyncs == 1
-        finally:
-            await w.close()
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        before = disk.on(me)
+        future = w.submit(allow(1), sole=True)
+        assert future.done(), "the sole commit was not made on the caller's thread"
+        record = future.result()
+        assert disk.on(me) == before + 1
+        # The fsync ran with the record already in the file: the whole file was covered.
+        assert disk.fsyncs[-1][1] == log.stat().st_size
+        assert orjson.loads(lines(log)[-1])["event"] == "allow"
+        assert record["seq"] == 1
+        assert w.stats.caller_fsyncs == 1
 
-    asyncio.run(run())
+    with_writer(log, disk, body)
     assert verify_path(log).ok
 
 
@@ -91,24 +99,20 @@ def test_records_queued_before_it_go_out_with_it_in_seq_order(tmp_path: Path) ->
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk)
-        try:
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            # Inside a batch the denies are queued, not written: the sole commit takes them along.
-            with w.batch():
-                w.append(deny(1))
-                w.append(deny(2))
-                future = w.submit(allow(3), sole=True)
-                assert future.done()
-                size = log.stat().st_size
-            assert disk.fsyncs[-1][1] == size
-            events = [orjson.loads(line)["event"] for line in lines(log)]
-            assert events == ["audit_open", "deny", "deny", "allow"]
-        finally:
-            await w.close()
+    async def body(w: AuditWriter) -> None:
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        # Inside a batch the denies are queued, not written: the sole commit takes them along.
+        with w.batch():
+            w.append(deny(1))
+            w.append(deny(2))
+            future = w.submit(allow(3), sole=True)
+            assert future.done()
+            size = log.stat().st_size
+        assert disk.fsyncs[-1][1] == size
+        events = [orjson.loads(line)["event"] for line in lines(log)]
+        assert events == ["audit_open", "deny", "deny", "allow"]
 
-    asyncio.run(run())
+    with_writer(log, disk, body)
     report = verify_path(log)
     assert report.ok and report.records == 4
 
@@ -118,30 +122,26 @@ def test_otherwise_the_thread_makes_it_durable(tmp_path: Path, why: str) -> None
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk)
+    async def body(w: AuditWriter) -> None:
         me = threading.get_ident()
-        try:
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            sole = True
-            if why == "not sole":
-                sole = False
-            elif why == "another caller wrote just now":
-                w.append(deny(0), key="other session")
-            else:
-                disk.delay = writer_mod.CALLER_FSYNC_MAX_SECONDS * 2
-                await w.commit(allow(0))  # on the thread (not sole), and slow
-                disk.delay = 0.0
-            before = disk.on(me)
-            future = w.submit(allow(1), sole=sole)
-            assert not future.done()
-            await future
-            assert disk.on(me) == before
-            assert w.stats.caller_fsyncs == 0
-        finally:
-            await w.close()
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        sole = True
+        if why == "not sole":
+            sole = False
+        elif why == "another caller wrote just now":
+            w.append(deny(0), key="other session")
+        else:
+            disk.delay = writer_mod.CALLER_FSYNC_MAX_SECONDS * 2
+            await w.commit(allow(0))  # on the thread (not sole), and slow
+            disk.delay = 0.0
+        before = disk.on(me)
+        future = w.submit(allow(1), sole=sole)
+        assert not future.done()
+        await future
+        assert disk.on(me) == before
+        assert w.stats.caller_fsyncs == 0
 
-    asyncio.run(run())
+    with_writer(log, disk, body)
     assert verify_path(log).ok
 
 
@@ -149,26 +149,22 @@ def test_the_quiet_window_is_counted_from_the_last_write_of_another_caller(tmp_p
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk)
-        try:
-            w.append(deny(0), key="b")
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            first = w.submit(allow(1), key="a", sole=True)  # b wrote last: the thread
-            assert not first.done()
-            await first
-            # a has been the only writer for less than the window: still the thread
-            soon = w.submit(allow(2), key="a", sole=True)
-            assert not soon.done()
-            await soon
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            later = w.submit(allow(3), key="a", sole=True)  # only a for the whole window: here
-            assert later.done()
-            assert w.stats.caller_fsyncs == 1
-        finally:
-            await w.close()
+    async def body(w: AuditWriter) -> None:
+        w.append(deny(0), key="b")
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        first = w.submit(allow(1), key="a", sole=True)  # b wrote last: the thread
+        assert not first.done()
+        await first
+        # a has been the only writer for less than the window: still the thread
+        soon = w.submit(allow(2), key="a", sole=True)
+        assert not soon.done()
+        await soon
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        later = w.submit(allow(3), key="a", sole=True)  # only a for the whole window: here
+        assert later.done()
+        assert w.stats.caller_fsyncs == 1
 
-    asyncio.run(run())
+    with_writer(log, disk, body)
     assert verify_path(log).ok
 
 
@@ -178,43 +174,35 @@ def test_a_failed_fsync_on_the_callers_thread_poisons_the_writer_and_reaches_the
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk)
-        try:
-            await asyncio.sleep(writer_mod.QUIET_SECONDS)
-            disk.fail = True
-            future = w.submit(allow(1), sole=True)
-            assert future.done()
-            with pytest.raises(AuditUnhealthy, match="Input/output error"):
-                future.result()
-            assert not w.healthy
-            with pytest.raises(AuditUnhealthy):
-                w.submit(allow(2), sole=True)
-            with pytest.raises(AuditUnhealthy):
-                w.append(deny(3))
-        finally:
-            disk.fail = False
-            await w.close()
+    async def body(w: AuditWriter) -> None:
+        await asyncio.sleep(writer_mod.QUIET_SECONDS)
+        disk.fail = True
+        future = w.submit(allow(1), sole=True)
+        assert future.done()
+        with pytest.raises(AuditUnhealthy, match="Input/output error"):
+            future.result()
+        assert not w.healthy
+        with pytest.raises(AuditUnhealthy):
+            w.submit(allow(2), sole=True)
+        with pytest.raises(AuditUnhealthy):
+            w.append(deny(3))
+        disk.fail = False
 
-    asyncio.run(run())
+    with_writer(log, disk, body)
 
 
 def test_a_rotation_due_after_a_sole_commit_keeps_the_chain(tmp_path: Path) -> None:
     log = tmp_path / "audit.jsonl"
     disk = Disk()
 
-    async def run() -> None:
-        w = open_writer(log, disk, max_bytes=1500)
-        try:
-            for i in range(12):
-                await asyncio.sleep(writer_mod.QUIET_SECONDS)
-                await w.submit(allow(i), sole=True)
-            assert w.stats.rotations >= 2
-            assert w.stats.caller_fsyncs >= 6
-        finally:
-            await w.close()
+    async def body(w: AuditWriter) -> None:
+        for i in range(12):
+            await asyncio.sleep(writer_mod.QUIET_SECONDS)
+            await w.submit(allow(i), sole=True)
+        assert w.stats.rotations >= 2
+        assert w.stats.caller_fsyncs >= 6
 
-    asyncio.run(run())
+    with_writer(log, disk, body, max_bytes=1500)
     report = verify_path(log)
     assert report.ok, report.problem
     assert report.records >= 13
