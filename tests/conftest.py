@@ -34,15 +34,20 @@ class VisorProcess:
         visor_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        prelude: str | None = None,
     ):
+        """`prelude`: Python run in the visor process before its CLI (to pin a tuning constant)."""
         full_env = dict(os.environ)
         full_env.update(env or {})
         if cwd is not None:
             # the project must stay importable from another working directory
             root = str(TESTS.parent)
             full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, full_env.get("PYTHONPATH")) if p)
+        entry = ["-m", "visor.cli"]
+        if prelude is not None:
+            entry = ["-c", f"{prelude}\nimport sys\nfrom visor.cli import main\nsys.exit(main())"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "visor.cli", "run", *(visor_args or []), "--", *server],
+            [sys.executable, *entry, "run", *(visor_args or []), "--", *server],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -7,6 +7,10 @@ there when the caller has other calls in flight, when another caller wrote withi
 or when the last fsync was slow (the thread's group commit then); a failure there poisons the
 writer and reaches the waiter as an error, as a failure on the thread does; rotation and the
 chain stay intact after it.
+
+The disk-speed rule is set aside (CALLER_FSYNC_MAX_SECONDS raised) except where it is the subject:
+on a loaded machine one real fsync can take longer than 2 ms, and the commit then rightly goes to
+the thread, which is not what the other tests look at.
 """
 
 from __future__ import annotations
@@ -14,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from tests.conftest import VisorProcess
+from tests.conftest import RECORDER, VisorProcess
 from tests.observing import until
 from visor.audit import writer as writer_mod
 from visor.audit.verify import verify_path
@@ -54,6 +59,31 @@ class Disk:
 
     def on(self, thread: int) -> int:
         return sum(1 for ident, _ in self.fsyncs if ident == thread)
+
+
+# For the visor processes these tests start: the same raise, before the CLI runs.
+ANY_DISK = "import visor.audit.writer as w\nw.CALLER_FSYNC_MAX_SECONDS = 3600.0"
+
+
+@pytest.fixture(autouse=True)
+def _any_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_mod, "CALLER_FSYNC_MAX_SECONDS", 3600.0)
+
+
+@pytest.fixture
+def visor(recorder_log: Path) -> Iterator[VisorProcess]:
+    """conftest's `visor` (the recorder behind a real visor run, tools listed), with ANY_DISK."""
+    vp = VisorProcess(
+        [sys.executable, str(RECORDER)],
+        env={"RECORDER_LOG": str(recorder_log)},
+        visor_args=["--audit-log", str(recorder_log.parent / "audit.jsonl")],
+        prelude=ANY_DISK,
+    )
+    vp.request({"jsonrpc": "2.0", "id": "setup-list", "method": "tools/list"})
+    assert "tools" in vp.recv()["result"]
+    recorder_log.write_bytes(b"")
+    yield vp
+    vp.kill()
 
 
 def with_writer(
@@ -131,7 +161,8 @@ def test_otherwise_the_thread_makes_it_durable(tmp_path: Path, why: str) -> None
         elif why == "another caller wrote just now":
             w.append(deny(0), key="other session")
         else:
-            disk.delay = writer_mod.CALLER_FSYNC_MAX_SECONDS * 2
+            writer_mod.CALLER_FSYNC_MAX_SECONDS = 0.02  # undone by the fixture's monkeypatch
+            disk.delay = 0.05
             await w.commit(allow(0))  # on the thread (not sole), and slow
             disk.delay = 0.0
         before = disk.on(me)
@@ -145,9 +176,13 @@ def test_otherwise_the_thread_makes_it_durable(tmp_path: Path, why: str) -> None
     assert verify_path(log).ok
 
 
-def test_the_quiet_window_is_counted_from_the_last_write_of_another_caller(tmp_path: Path) -> None:
+def test_the_quiet_window_is_counted_from_the_last_write_of_another_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "audit.jsonl"
     disk = Disk()
+    # Long enough that the first commit, through the thread on a loaded machine, ends inside it.
+    monkeypatch.setattr(writer_mod, "QUIET_SECONDS", 1.0)
 
     async def body(w: AuditWriter) -> None:
         w.append(deny(0), key="b")

@@ -101,9 +101,11 @@ while True:
 
 
 def _launch(tmp_path: Path, stdin: str, stdout: str, **env: str) -> dict:
+    # The recorder exits at its stdin's end; the grace is only how long Visor waits for that before
+    # SIGTERM, and at 0.5 s a loaded machine once ran past it (exit status 143 for a clean run).
     spec = {
         "argv": [
-            sys.executable, "-m", "visor.cli", "run", "--shutdown-grace", "0.5", "--",
+            sys.executable, "-m", "visor.cli", "run", "--shutdown-grace", "10", "--",
             sys.executable, str(RECORDER),
         ],
         "stdin": stdin,

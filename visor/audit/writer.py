@@ -34,7 +34,8 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,6 +101,21 @@ class _Pending:
     record: dict[str, Any]
     future: asyncio.Future[dict[str, Any]] | None
     loop: asyncio.AbstractEventLoop | None
+
+
+class _Batch:
+    """`AuditWriter.batch()`: a class, not a generator, as the relay enters one per event."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: AuditWriter) -> None:
+        self._writer = writer
+
+    def __enter__(self) -> None:
+        self._writer._hold()
+
+    def __exit__(self, *exc: object) -> None:
+        self._writer._release()
 
 
 class _Rotate:
@@ -311,6 +327,7 @@ class AuditWriter:
         # Inside `batch()`: records queued without waking the thread yet.
         self._held = 0
         self._wake_pending = False
+        self._batch = _Batch(self)
         self._records = self._commits = self._writes = self._fsyncs = 0
         self._caller_fsyncs = 0
         # Who wrote last (a `sole` key; None for callers that name none), since when only they
@@ -505,8 +522,7 @@ class AuditWriter:
         """Append `event` without waiting; it is fsync'd with the next group."""
         return self._enqueue(event, None, None, key)
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> AbstractContextManager[None]:
         """Queue several records with one wake-up of the writer thread, at the end.
 
         Otherwise the first record of a batch wakes the thread, which takes the
@@ -515,21 +531,23 @@ class AuditWriter:
         with the loop that is still queueing them. Records are stamped, chained
         and ordered exactly as without it; only the wake-up is deferred.
         """
+        return self._batch
+
+    def _hold(self) -> None:
         with self._cond:
             self._held += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._held -= 1
-                if not self._held and self._wake_pending:
-                    self._wake_pending = False
-                    if self._queue:
-                        # A write that fails here poisons the writer: the next commit fails
-                        # closed. The batch's caller is not the one to hear of it (its records
-                        # were accepted; the thread losing them would not tell it either).
-                        with contextlib.suppress(AuditUnhealthy):
-                            self._hand_on()
+
+    def _release(self) -> None:
+        with self._cond:
+            self._held -= 1
+            if not self._held and self._wake_pending:
+                self._wake_pending = False
+                if self._queue:
+                    # A write that fails here poisons the writer: the next commit fails
+                    # closed. The batch's caller is not the one to hear of it (its records
+                    # were accepted; the thread losing them would not tell it either).
+                    with contextlib.suppress(AuditUnhealthy):
+                        self._hand_on()
 
     async def close(self) -> None:
         """Write and fsync everything queued, then stop the thread. Writes no record."""
