@@ -6,7 +6,8 @@ again through `visor serve --workers 2` (the gateway rows are `--workers 1`); th
 the gateway in front of the stdio echo server (`visor serve -- python -m visor.bench.echo_server`:
 the gateway's own path, without the upstream HTTP hop); and, in the same run, the stdio pipelined
 figure of `visor run` in front of the stdio echo server, which the 100-session target is measured
-against. The client is raw aiohttp (no SDK), the same for every row.
+against. The client is Visor's own narrow HTTP/1.1 client (visor/http/client.py, no SDK) on
+uvloop, the same for every row: a load generator that costs little beside what it measures.
 
 Run: ``python -m visor.bench.http_rows [--quick] [--output FILE]``.
 """
@@ -30,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+import uvloop
+from aiohttp import web
 
 from visor.bench.scratch import ScratchError, scratch_folder
+from visor.http.client import OriginClient
 
 PY = sys.executable
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
@@ -155,7 +158,9 @@ def _echo_app() -> web.Application:
 
 def serve_echo(fd: int) -> None:
     sock = socket.socket(fileno=fd)
-    web.run_app(_echo_app(), sock=sock, print=None, access_log=None, handle_signals=True)
+    web.run_app(
+        _echo_app(), sock=sock, print=None, access_log=None, handle_signals=True, loop=uvloop.new_event_loop()
+    )
 
 
 def _free_socket() -> socket.socket:
@@ -249,28 +254,30 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
 
 
 class McpHttp:
-    """One MCP session over raw HTTP POSTs."""
+    """One MCP session over raw HTTP POSTs, through Visor's own narrow HTTP/1.1 client (llhttp):
+    a load generator that costs a fraction of what the parts it measures do (aiohttp's client
+    took 180-290 µs of CPU a call, as much as the gateway's whole budget at the sessions target)."""
 
-    def __init__(self, http: ClientSession, url: str) -> None:
-        self.http = http
-        self.url = url
+    def __init__(self, url: str, *, connections: int = 1) -> None:
+        # Each session keeps its own connections, as separate agents' clients do.
+        self.http = OriginClient(url, connect_timeout=10.0, max_idle=connections)
         self.headers = dict(HEADERS)
         self.next_id = 0
 
     async def post(self, msg: dict[str, Any]) -> Any:
-        async with self.http.post(self.url, data=orjson.dumps(msg), headers=self.headers) as r:
-            body = await r.read()
-            if r.status == 202:
-                return None
-            if r.status != 200:
-                raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
-            sid = r.headers.get("Mcp-Session-Id")
-            if sid:
-                self.headers["Mcp-Session-Id"] = sid
-            if r.content_type == "text/event-stream":
-                data = [ln[5:].strip() for ln in body.split(b"\n") if ln.startswith(b"data:")]
-                return orjson.loads(data[-1])
-            return orjson.loads(body)
+        async with await self.http.request("POST", self.headers, orjson.dumps(msg)) as r:
+            body = await r.read(1 << 24)
+        if r.status == 202:
+            return None
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+        sid = r.headers.get("Mcp-Session-Id")
+        if sid:
+            self.headers["Mcp-Session-Id"] = sid
+        if r.content_type == "text/event-stream":
+            data = [ln[5:].strip() for ln in body.split(b"\n") if ln.startswith(b"data:")]
+            return orjson.loads(data[-1])
+        return orjson.loads(body)
 
     async def start(self) -> None:
         params = {
@@ -295,8 +302,11 @@ class McpHttp:
             raise RuntimeError(f"the echo call was refused: {result}")
 
     async def close(self) -> None:
-        async with self.http.delete(self.url, headers=self.headers):
-            pass
+        try:
+            async with await self.http.request("DELETE", self.headers) as r:
+                await r.read(1 << 16)
+        finally:
+            await self.http.close()
 
 
 # What a row's CPU account reads: cumulative CPU seconds by part ("middle", "upstream").
@@ -318,9 +328,8 @@ def cpu_of(middle: int | None, upstream: int | None, *, upstream_under_middle: b
 
 
 async def measure(name: str, url: str, work: Work, cpu: CpuReader) -> HttpRow:
-    connector = TCPConnector(limit=0)
-    async with ClientSession(connector=connector, timeout=ClientTimeout(total=120)) as http:
-        one = McpHttp(http, url)
+    one = McpHttp(url, connections=work.window)
+    try:
         await one.start()
         for _ in range(20):  # warm up
             await one.call()
@@ -338,18 +347,17 @@ async def measure(name: str, url: str, work: Work, cpu: CpuReader) -> HttpRow:
         t = time.perf_counter()
         await asyncio.gather(*(windowed() for _ in range(work.pipelined)))
         pipelined = work.pipelined / (time.perf_counter() - t)
+    finally:
         await one.close()
-        aggregate, per_call = await _sessions(http, url, work, cpu)
+    aggregate, per_call = await _sessions(url, work, cpu)
     q = statistics.quantiles(lat, n=100)
     return HttpRow(name, q[49] * 1e6, q[98] * 1e6, pipelined, aggregate, per_call)
 
 
-async def _sessions(
-    http: ClientSession, url: str, work: Work, cpu: CpuReader | None = None
-) -> tuple[float, dict[str, float]]:
+async def _sessions(url: str, work: Work, cpu: CpuReader | None = None) -> tuple[float, dict[str, float]]:
     """`work.sessions` sessions at once, each making its calls one after another: calls/s in all,
     and the CPU each part spent per call meanwhile (µs; with `cpu`)."""
-    sessions = [McpHttp(http, url) for _ in range(work.sessions)]
+    sessions = [McpHttp(url) for _ in range(work.sessions)]
     await asyncio.gather(*(s.start() for s in sessions))
 
     async def sequential(s: McpHttp) -> None:
@@ -371,8 +379,7 @@ async def _sessions(
 
 
 async def measure_sessions(url: str, work: Work) -> float:
-    async with ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=120)) as http:
-        return (await _sessions(http, url, work))[0]
+    return (await _sessions(url, work))[0]
 
 
 async def stdio_pipelined(tmp: Path, work: Work) -> float:
@@ -404,21 +411,21 @@ def run(work: Work) -> dict[str, Any]:
         tmp = Path(name)
         fsync_us = fsync_latency_probe(tmp, samples=50) * 1e6
         with echo_server() as up:
-            direct = asyncio.run(measure("direct HTTP", up.url, work, cpu_of(None, up.pid)))
+            direct = uvloop.run(measure("direct HTTP", up.url, work, cpu_of(None, up.pid)))
             with tcp_relay(up.url) as relay:
-                floor = asyncio.run(measure("raw TCP relay", relay.url, work, cpu_of(relay.pid, up.pid)))
+                floor = uvloop.run(measure("raw TCP relay", relay.url, work, cpu_of(relay.pid, up.pid)))
             with gateway(up.url, tmp) as gw:
-                through = asyncio.run(
+                through = uvloop.run(
                     measure("through visor serve --url", gw.url, work, cpu_of(gw.pid, up.pid))
                 )
             with gateway(up.url, tmp, workers=2) as gw:
-                workers_2 = asyncio.run(measure_sessions(gw.url, work))
+                workers_2 = uvloop.run(measure_sessions(gw.url, work))
         with gateway(STDIO_ECHO, tmp) as gw:
             reader = cpu_of(gw.pid, None, upstream_under_middle=True)
-            own = asyncio.run(measure("through visor serve -- stdio", gw.url, work, reader))
+            own = uvloop.run(measure("through visor serve -- stdio", gw.url, work, reader))
         with gateway(STDIO_ECHO, tmp, workers=2) as gw:
-            own_workers_2 = asyncio.run(measure_sessions(gw.url, work))
-        stdio = asyncio.run(stdio_pipelined(tmp, work))
+            own_workers_2 = uvloop.run(measure_sessions(gw.url, work))
+        stdio = uvloop.run(stdio_pipelined(tmp, work))
     added = through.seq_p50_us - direct.seq_p50_us
     return {
         "work": asdict(work),

@@ -428,7 +428,12 @@ class OriginClient:
     """Requests to one http(s) URL over a small pool of keep-alive connections."""
 
     def __init__(
-        self, url: str, *, connect_timeout: float, ssl_context: ssl.SSLContext | None = None
+        self,
+        url: str,
+        *,
+        connect_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+        max_idle: int = MAX_IDLE,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -454,6 +459,7 @@ class OriginClient:
         self._all: set[_Connection] = set()
         self._cookies: dict[str, tuple[str, float | None, bool]] = {}
         self._closed = False
+        self._max_idle = max_idle
 
     async def request(self, method: str, headers: dict[str, str], body: bytes | None = None) -> Response:
         """Send one request and wait for its status and headers (the body streams on)."""
@@ -482,7 +488,7 @@ class OriginClient:
         return response
 
     def put_back(self, conn: _Connection) -> None:
-        if self._closed or len(self._idle) >= MAX_IDLE:
+        if self._closed or len(self._idle) >= self._max_idle:
             conn.abort()
             return
         conn.idle_since = time.monotonic()
