@@ -568,8 +568,7 @@ async def _serve(
     config: GatewayConfig,
     worker: Worker | None = None,
 ) -> int:
-    from aiohttp import web
-
+    from visor.http.server import HttpServer
     from visor.serve.gateway import Gateway
 
     log = logs.get_logger("visor.serve")
@@ -592,14 +591,8 @@ async def _serve(
     gateway_ref.append(gateway)
     if worker is not None:
         worker.attach(gateway)
-    runner = web.AppRunner(
-        gateway.app(),
-        access_log=None,
-        handle_signals=False,
-        shutdown_timeout=1.0,
-        # A client that goes away ends its handler: a GET stream no one reads is closed, not kept.
-        handler_cancellation=True,
-    )
+    # A client that goes away ends its handler: a GET stream no one reads is closed, not kept.
+    server = HttpServer(gateway.handle, max_body=config.max_message_bytes)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -610,17 +603,11 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, reloader.request)
     expiry = loop.create_task(gateway.expire_idle())
     try:
-        await runner.setup()
         if worker is not None:
             # The supervisor's socket, and the ready line is the supervisor's to print.
-            await worker.start(runner, stop)
+            await worker.start(server, stop)
         else:
-            site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-            await site.start()
-            port = config.port
-            server = getattr(site, "_server", None)
-            if server is not None and server.sockets:
-                port = server.sockets[0].getsockname()[1]
+            port = await server.listen(config.host, config.port)
             shown = f"[{config.host}]" if ":" in config.host else config.host
             print(f"visor serve: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
         await stop.wait()
@@ -633,7 +620,7 @@ async def _serve(
         with contextlib.suppress(BaseException):
             await expiry
         await gateway.close()
-        await runner.cleanup()
+        await server.close(timeout=1.0)
         if worker is not None:
             await worker.close()
         await shared.audit.close()

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
-from aiohttp import web
 
 from visor.audit import events as audit_events
 from visor.http.bodies import classify_body
+from visor.http.server import Answer, BodyTooLarge, Request, Response, StreamResponse, json_response
 from visor.logs import get_logger
 from visor.serve.metrics import CONTENT_TYPE, SNAPSHOT_QUERY, GatewayMetrics
 from visor.serve.metrics import render as render_metrics
@@ -48,7 +48,7 @@ SUPPORTED_VERSIONS = frozenset({"2025-03-26", "2025-06-18", "2025-11-25"})
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # `visor serve --workers`: a request for another worker's session is answered by that worker
 # (visor/serve/workers.py); None means "serve it here".
-Forwarder = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+Forwarder = Callable[[Request], Awaitable[Answer | None]]
 # Headers that route or identify a request: each may appear once.
 _SINGLE_HEADERS = (
     SESSION_HEADER, VERSION_HEADER, "Mcp-Method", "Mcp-Name", "Authorization", "Last-Event-ID",
@@ -86,11 +86,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _error(status: int, code: int, message: str, *, rpc_id: Any = None, headers: Any = None) -> web.Response:
+def _error(status: int, code: int, message: str, *, rpc_id: Any = None, headers: Any = None) -> Response:
     body = {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": message}}
-    return web.Response(
-        status=status, body=orjson.dumps(body), content_type="application/json", headers=headers
-    )
+    return Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
 
 
 # Clients send the same Accept, Content-Type and Host on every request: each is parsed once and
@@ -113,7 +111,7 @@ def _names_loopback(host: str) -> bool:
     return name is not None and is_loopback(name)
 
 
-def _over_unix_socket(request: web.Request) -> bool:
+def _over_unix_socket(request: Request) -> bool:
     """Whether the request came over a unix socket (a worker's private one), not the TCP port."""
     sock = request.transport.get_extra_info("socket") if request.transport is not None else None
     return sock is not None and sock.family == socket.AF_UNIX
@@ -132,7 +130,7 @@ class Gateway:
         self.config = config
         # `--state`: sessions are recorded in a shared store, and any replica continues any of them.
         self.state = state
-        self._adopting: dict[str, asyncio.Task[McpSession | web.Response]] = {}
+        self._adopting: dict[str, asyncio.Task[McpSession | Response]] = {}
         # Sessions that ended here, so that none is adopted again before the store says it ended.
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._closing = False
@@ -144,7 +142,7 @@ class Gateway:
         # (visor/serve/sessionless.py), each with its own Visor state and upstream.
         self.conversations: dict[str, McpSession] = {}
         self._renamers: dict[str, Renamer] = {}
-        self._opening_conversation: dict[str, asyncio.Task[McpSession | web.Response]] = {}
+        self._opening_conversation: dict[str, asyncio.Task[McpSession | Response]] = {}
         self._opening = 0
         self._ending: set[asyncio.Task[None]] = set()
         # The token's digest, made once: each request's Authorization is compared with it.
@@ -159,12 +157,19 @@ class Gateway:
         # (this worker's index, [(index, figures) of each other worker that answered]).
         self.peer_metrics: Callable[[], Awaitable[tuple[int, list[tuple[int, dict[str, Any]]]]]] | None = None
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_message_bytes + 1)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/metrics", self.metrics_page)
-        app.router.add_route("*", "/mcp", self.mcp)
-        return app
+    async def handle(self, request: Request) -> Answer:
+        """Every request the HTTP server takes: `/mcp`, `/healthz`, `/metrics`; 404 for the rest.
+        Paths are compared as sent (`/%6dcp` is not `/mcp`)."""
+        path = request.path
+        if path == "/mcp":
+            return await self.mcp(request)
+        if path in ("/healthz", "/metrics"):
+            if request.method not in ("GET", "HEAD"):
+                return _error(
+                    405, errors.INVALID_REQUEST, "Method Not Allowed", headers={"Allow": "GET, HEAD"}
+                )
+            return await (self.healthz(request) if path == "/healthz" else self.metrics_page(request))
+        return _error(404, errors.INVALID_REQUEST, "Not Found")
 
     # ------------------------------------------------------------ sessions
     def mint_sid(self) -> str:
@@ -237,7 +242,7 @@ class Gateway:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     # ------------------------------------------------------------ checks common to every method
-    def _refuse_origin_or_auth(self, request: web.Request) -> web.Response | None:
+    def _refuse_origin_or_auth(self, request: Request) -> Response | None:
         if self._listen_loopback and not self._host_is_loopback(request):
             # DNS rebinding from a page whose browser omits Origin: the name it used is not ours.
             log.warning("host_refused", host=request.headers.get("Host", "")[:200])
@@ -257,7 +262,7 @@ class Gateway:
         return None
 
     @staticmethod
-    def _host_is_loopback(request: web.Request) -> bool:
+    def _host_is_loopback(request: Request) -> bool:
         host = request.headers.get("Host")
         if host is None:
             return True  # HTTP/1.0 without Host: no name was used to reach us
@@ -278,7 +283,7 @@ class Gateway:
         # A page served from this machine's loopback under another spelling is the same machine.
         return is_loopback(listen) and is_loopback(host)
 
-    async def _session_for(self, request: web.Request) -> McpSession | web.Response:
+    async def _session_for(self, request: Request) -> McpSession | Response:
         sid = request.headers.get(SESSION_HEADER)
         if sid is None:
             if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS:
@@ -301,7 +306,7 @@ class Gateway:
             return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
         return session
 
-    async def _adopt(self, sid: str, request: web.Request) -> McpSession | web.Response:
+    async def _adopt(self, sid: str, request: Request) -> McpSession | Response:
         """A session this replica does not hold: continue it from the shared store, once (the
         requests for it that arrive meanwhile wait for the same adoption)."""
         authorization = request.headers.get("Authorization")
@@ -309,10 +314,10 @@ class Gateway:
 
     async def _once(
         self,
-        opening: dict[str, asyncio.Task[McpSession | web.Response]],
+        opening: dict[str, asyncio.Task[McpSession | Response]],
         key: str,
-        start: Callable[[], Coroutine[Any, Any, McpSession | web.Response]],
-    ) -> McpSession | web.Response:
+        start: Callable[[], Coroutine[Any, Any, McpSession | Response]],
+    ) -> McpSession | Response:
         """Open the session `key` once: requests that arrive meanwhile wait for the same start."""
         task = opening.get(key)
         if task is None:
@@ -329,7 +334,7 @@ class Gateway:
         # Shielded: a client that goes away must not leave a half-opened session nobody can end.
         return await asyncio.shield(task)
 
-    async def _adopt_once(self, sid: str, authorization: str | None) -> McpSession | web.Response:
+    async def _adopt_once(self, sid: str, authorization: str | None) -> McpSession | Response:
         from visor.serve.state import Adoption, client_digest
         from visor.state.ledger import StateUnavailable
 
@@ -381,10 +386,10 @@ class Gateway:
         return session
 
     # ------------------------------------------------------------ handlers
-    async def healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    async def healthz(self, request: Request) -> Response:
+        return Response(text="ok\n")
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
+    async def metrics_page(self, request: Request) -> Response:
         # The same door as /mcp: Host, Origin and, when one is configured, the client token.
         refused = self._refuse_origin_or_auth(request)
         if refused is not None:
@@ -395,14 +400,14 @@ class Gateway:
         elif SNAPSHOT_QUERY in request.query and _over_unix_socket(request):
             # Another worker answering a scrape (`--workers N`): this worker's own figures. Only
             # on the private unix socket; through the public port the query changes nothing.
-            return web.json_response(own)
+            return json_response(own)
         else:
             index, peers = await self.peer_metrics()
             workers: list[tuple[int, dict[str, Any]]] = sorted([(index, own), *peers], key=lambda p: p[0])
             body = render_metrics(workers)
-        return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
+        return Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def mcp(self, request: web.Request) -> web.StreamResponse:
+    async def mcp(self, request: Request) -> Answer:
         response = await self._mcp(request)
         # Only a worker (`forward` set) listens on a unix socket: one process asks no transport.
         if self.forward is None or not _over_unix_socket(request):
@@ -411,7 +416,7 @@ class Gateway:
             self.metrics.http_request(request.method, response.status)
         return response
 
-    async def _mcp(self, request: web.Request) -> web.StreamResponse:
+    async def _mcp(self, request: Request) -> Answer:
         headers = request.headers
         # Only a request that gives some header name twice (in any case) can repeat one of these.
         repeated = None
@@ -436,7 +441,7 @@ class Gateway:
             405, errors.INVALID_REQUEST, "Method Not Allowed", headers={"Allow": "GET, POST, DELETE"}
         )
 
-    async def _post(self, request: web.Request) -> web.StreamResponse:
+    async def _post(self, request: Request) -> Answer:
         accept = _media_types(request.headers.get("Accept", ""))
         if not ({"application/json", "text/event-stream"} <= accept or "*/*" in accept):
             return _error(
@@ -448,6 +453,16 @@ class Gateway:
             return _error(
                 415, errors.INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json"
             )
+        if any(
+            coding.strip().lower() != "identity" for coding in request.headers.getall("Content-Encoding", ())
+        ):
+            # A compressed body would be judged after decoding and could expand past every limit
+            # on the way; no MCP client compresses what it sends.
+            return _error(
+                415,
+                errors.INVALID_REQUEST,
+                "Unsupported Media Type: the body must not be compressed (Content-Encoding)",
+            )
         if request.content_length is not None and request.content_length > self.config.max_message_bytes:
             return _error(
                 413,
@@ -456,7 +471,7 @@ class Gateway:
             )
         try:
             body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             return _error(
                 413,
                 errors.INVALID_REQUEST,
@@ -477,7 +492,7 @@ class Gateway:
         ):
             return await self._sessionless(request, msg)
         found = await self._session_for(request)
-        if isinstance(found, web.Response):
+        if isinstance(found, Response):
             return found
         session = found
         session.last_active = time.monotonic()
@@ -487,7 +502,7 @@ class Gateway:
                 await session.send(msg.raw)
             except ConnectionError:
                 return _error(404, errors.INVALID_REQUEST, "Session not found (ended)")
-            return web.Response(status=202)
+            return Response(status=202)
         # The request's limits, then its exchange, called from here: one await level less.
         refused = self._refuse_request(session, msg, None)
         if refused is not None:
@@ -495,7 +510,7 @@ class Gateway:
         response, _ = await self._exchange(request, session, msg, {})
         return response
 
-    async def _initialize(self, request: web.Request, msg: Message) -> web.StreamResponse:
+    async def _initialize(self, request: Request, msg: Message) -> Answer:
         if self._open_count() >= self.config.max_sessions:
             return _error(
                 503,
@@ -527,7 +542,7 @@ class Gateway:
             self._end_later(session)
         return response
 
-    async def _record_new(self, sid: str, msg: Message, authorization: str | None) -> web.Response | None:
+    async def _record_new(self, sid: str, msg: Message, authorization: str | None) -> Response | None:
         """Put a new session in the shared store before its id is given out, so that any replica
         can continue it; a store that cannot take it refuses the session (503), never runs it
         unrecorded."""
@@ -561,17 +576,15 @@ class Gateway:
         return session
 
     async def _request(
-        self, request: web.Request, session: McpSession, msg: Message, renamed: Renamed | None = None
-    ) -> web.StreamResponse:
+        self, request: Request, session: McpSession, msg: Message, renamed: Renamed | None = None
+    ) -> Answer:
         refused = self._refuse_request(session, msg, renamed)
         if refused is not None:
             return refused
         response, _ = await self._exchange(request, session, msg, {}, renamed)
         return response
 
-    def _refuse_request(
-        self, session: McpSession, msg: Message, renamed: Renamed | None
-    ) -> web.Response | None:
+    def _refuse_request(self, session: McpSession, msg: Message, renamed: Renamed | None) -> Response | None:
         """The per-session limits on a request: in flight (429) and its id's uniqueness (400)."""
         if session.in_flight >= self.config.max_in_flight:
             return _error(
@@ -591,12 +604,12 @@ class Gateway:
 
     async def _exchange(
         self,
-        request: web.Request,
+        request: Request,
         session: McpSession,
         msg: Message,
         headers: dict[str, str],
         renamed: Renamed | None = None,
-    ) -> tuple[web.StreamResponse, bool]:
+    ) -> tuple[Answer, bool]:
         """Send one request and answer the POST with what comes back for it: the answer alone as
         JSON, or everything before it and the answer as an SSE stream. True when a result came.
         A `renamed` request (sessionless) travels under the gateway's id and progress token, and
@@ -630,13 +643,13 @@ class Gateway:
                 ), False
             if first is ex.answer:
                 body = restore(first)
-                return web.Response(body=body, content_type="application/json", headers=headers), ex.answer_ok
+                return Response(body=body, content_type="application/json", headers=headers), ex.answer_ok
             # Something came before the answer (progress, a server's request): stream them all.
             # On 2025-11-25 each event has an id, so a client whose stream breaks can resume it.
             resumable = renamed is None
             if resumable:
                 session.new_stream(ex)
-            response = web.StreamResponse(headers={**headers, **_SSE_HEADERS})
+            response = StreamResponse(headers={**headers, **_SSE_HEADERS})
             await response.prepare(request)
             streamed = True
             answered = await self._stream(response, session, ex, [first], restore, resumable)
@@ -646,7 +659,7 @@ class Gateway:
                 return response, False
             return response, answered
         except asyncio.CancelledError:
-            # The client went away while the request waited (aiohttp cancels the handler). On
+            # The client went away while the request waited (the server cancels the handler). On
             # 2026-07-28 that is how a request is cancelled: the relay is told, as a cancel; on
             # 2025-11-25 a stream that already gave event ids waits to be resumed.
             if renamed is not None:
@@ -660,7 +673,7 @@ class Gateway:
 
     async def _stream(
         self,
-        response: web.StreamResponse,
+        response: StreamResponse,
         session: McpSession,
         ex: Exchange,
         pending: list[bytes],
@@ -696,7 +709,7 @@ class Gateway:
             return None
 
     # ------------------------------------------------------------ 2026-07-28: no session
-    async def _sessionless(self, request: web.Request, msg: Message) -> web.StreamResponse:
+    async def _sessionless(self, request: Request, msg: Message) -> Answer:
         """A request of the 2026-07-28 revision: checked header against body, then judged and
         relayed in its client credential's conversation (visor/serve/sessionless.py)."""
         if msg.kind is not Kind.REQUEST:
@@ -708,13 +721,13 @@ class Gateway:
         if refusal is not None:
             return _error(400, refusal.code, f"Bad Request: {refusal.message}", rpc_id=msg.id)
         found = await self._conversation(conversation_key(request.headers.get("Authorization")), request)
-        if isinstance(found, web.Response):
+        if isinstance(found, Response):
             return found
         found.last_active = time.monotonic()
         renamer = self._renamers.setdefault(found.sid, Renamer())
         return await self._request(request, found, msg, renamer.rename(msg.obj))
 
-    async def _conversation(self, key: str, request: web.Request) -> McpSession | web.Response:
+    async def _conversation(self, key: str, request: Request) -> McpSession | Response:
         session = self.conversations.get(key)
         if session is not None and not session.ended:
             return session
@@ -723,13 +736,13 @@ class Gateway:
             self._opening_conversation, key, lambda: self._open_conversation(key, authorization)
         )
 
-    async def _open_conversation(self, key: str, authorization: str | None) -> McpSession | web.Response:
+    async def _open_conversation(self, key: str, authorization: str | None) -> McpSession | Response:
         adoption = None
         self._opening += 1
         try:
             if self.state is not None:
                 found = await self._conversation_in_store(key, authorization)
-                if isinstance(found, web.Response):
+                if isinstance(found, Response):
                     return found
                 adoption = found
             try:
@@ -745,9 +758,7 @@ class Gateway:
         log.info("conversation_opened", mcp_session=key, continued=adoption is not None)
         return session
 
-    async def _conversation_in_store(
-        self, key: str, authorization: str | None
-    ) -> Adoption | web.Response | None:
+    async def _conversation_in_store(self, key: str, authorization: str | None) -> Adoption | Response | None:
         """The conversation's record in the shared store: continued when it exists, made when not."""
         from visor.serve.state import CONVERSATION_MARK, Adoption, client_digest
         from visor.state.ledger import StateConflict, StateUnavailable
@@ -784,11 +795,11 @@ class Gateway:
                 headers={"Retry-After": "5"},
             )
 
-    async def _get(self, request: web.Request) -> web.StreamResponse:
+    async def _get(self, request: Request) -> Answer:
         if "text/event-stream" not in _media_types(request.headers.get("Accept", "")):
             return _error(406, errors.INVALID_REQUEST, "Not Acceptable: Accept must list text/event-stream")
         found = await self._session_for(request)
-        if isinstance(found, web.Response):
+        if isinstance(found, Response):
             return found
         session = found
         last_event_id = request.headers.get("Last-Event-ID")
@@ -800,7 +811,7 @@ class Gateway:
         if ex is None:
             return _error(409, errors.INVALID_REQUEST, "Conflict: this session's GET stream is already open")
         try:
-            response = web.StreamResponse(
+            response = StreamResponse(
                 headers={
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-cache",
@@ -823,12 +834,12 @@ class Gateway:
             session.close_get_stream(ex)
 
     async def _resume(
-        self, request: web.Request, session: McpSession, ex: Exchange, replay: list[bytes]
-    ) -> web.StreamResponse:
+        self, request: Request, session: McpSession, ex: Exchange, replay: list[bytes]
+    ) -> Answer:
         """A request's stream resumed (GET with the Last-Event-ID of one of its events): the events
         the client missed, then the rest of them up to the answer, on this stream."""
         log.info("stream_resumed", mcp_session=session.sid, stream=ex.stream, replayed=len(replay))
-        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response = StreamResponse(headers=_SSE_HEADERS)
         try:
             await response.prepare(request)
             for event in replay:
@@ -848,12 +859,12 @@ class Gateway:
             if ex.detached is None:
                 session.close_exchange(ex)
 
-    async def _delete(self, request: web.Request) -> web.StreamResponse:
+    async def _delete(self, request: Request) -> Answer:
         found = await self._session_for(request)
-        if isinstance(found, web.Response):
+        if isinstance(found, Response):
             return found
         await found.end(self.config.end_grace)
-        return web.Response(status=200)
+        return Response(status=200)
 
     def _record_reject(self, session: McpSession, body: bytes, msg: Rejected) -> None:
         """A refused body is one audit record with its size and digest, as on stdio."""

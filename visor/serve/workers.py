@@ -53,8 +53,9 @@ import orjson
 from visor import logs
 
 if TYPE_CHECKING:
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
 
+    from visor.http.server import Answer, HttpServer, Request
     from visor.serve.gateway import Gateway
 
 WORKER_OPTION = "--worker-of"
@@ -83,6 +84,7 @@ _HOP_BY_HOP = frozenset(
         "expect",
     }
 )
+_HOP_BY_HOP_AND_LENGTH = _HOP_BY_HOP | {"content-length"}
 
 log = logs.get_logger("visor.serve")
 
@@ -176,11 +178,12 @@ class Forwarder:
             self._clients[owner] = client
         return client
 
-    async def __call__(self, request: web.Request) -> web.StreamResponse | None:
-        from aiohttp import ClientConnectorError, ClientError, web
+    async def __call__(self, request: Request) -> Answer | None:
+        from aiohttp import ClientConnectorError, ClientError
         from multidict import CIMultiDict
         from yarl import URL
 
+        from visor.http.server import StreamResponse
         from visor.serve.gateway import SESSION_HEADER, VERSION_HEADER, _error
         from visor.wire import errors
 
@@ -198,20 +201,20 @@ class Forwarder:
             return None
         if request.content_length is not None and request.content_length > self._max_body:
             return None  # refused here (413) as the owner would refuse it
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP)
-        url = URL.build(
-            scheme="http",
-            host="worker",
-            path=request.rel_url.raw_path,
-            query_string=request.rel_url.raw_query_string,
-            encoded=True,
+        headers = CIMultiDict(
+            (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP_AND_LENGTH
         )
+        url = URL.build(
+            scheme="http", host="worker", path=request.path, query_string=request.query_string, encoded=True
+        )
+        # Read here (up to the body limit; the server answers 413 past it), then sent whole.
+        body = await request.read() if request.body_exists else None
         try:
             upstream = await self._client(owner).request(
                 request.method,
                 url,
                 headers=headers,
-                data=request.content if request.body_exists else None,
+                data=body,
                 allow_redirects=False,
                 # Only the client's own headers: a default Accept or Content-Type would change the answer.
                 skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
@@ -236,12 +239,12 @@ class Forwarder:
             "request_forwarded", owner=owner, mcp_session=sid, method=request.method, status=upstream.status
         )
         async with upstream:
-            response = web.StreamResponse(
+            # Framed again here (chunked): the owner's own framing headers do not pass.
+            response = StreamResponse(
                 status=upstream.status,
-                reason=upstream.reason,
-                headers=CIMultiDict(
-                    (k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP
-                ),
+                headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP_AND_LENGTH
+                },
             )
             await response.prepare(request)
             try:
@@ -331,16 +334,14 @@ class Worker:
         forwarder, token = self._forwarder, gateway.config.token
         gateway.peer_metrics = lambda: forwarder.peer_metrics(token)
 
-    async def start(self, runner: web.AppRunner, stop: asyncio.Event) -> None:
+    async def start(self, server: HttpServer, stop: asyncio.Event) -> None:
         """Serve the shared socket and this worker's unix socket, then tell the supervisor."""
-        from aiohttp import web
-
         listen = socket.socket(fileno=self.spec.listen_fd)
-        await web.SockSite(runner, listen).start()
+        await server.listen_socket(listen)
         path = self.spec.socket_path
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # the socket of this index's previous (dead) worker
-        await web.UnixSite(runner, str(path)).start()
+        await server.listen_unix(str(path))
         os.chmod(path, 0o600)
         loop = asyncio.get_running_loop()
         self._control.setblocking(False)
@@ -405,7 +406,7 @@ def tag_log_lines(index: int) -> None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """The one listening socket every worker serves (what aiohttp's TCPSite would bind)."""
+    """The one listening socket every worker serves (what `HttpServer.listen` would bind)."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
