@@ -422,6 +422,33 @@ def test_cookies_the_origin_sets_are_sent_back_and_removed_when_it_says() -> Non
     run(main)
 
 
+def test_a_cookie_cannot_add_header_lines_or_requests_to_later_requests() -> None:
+    # Python's cookie parser decodes octal escapes in a quoted value (\\015\\012 is CR LF): a
+    # decoded value written into the Cookie line would end it, and the server would have put a
+    # header, or a whole request to a path and Host of its choosing, into each of Visor's.
+    smuggle = (
+        b'sid="a\\015\\012X-Injected: yes\\015\\012Content-Length: 0\\015\\012\\015\\012'
+        b'GET /smuggled HTTP/1.1\\015\\012Host: x\\015\\012X-Pad: "'
+    )
+    first = b"HTTP/1.1 200 OK\r\nSet-Cookie: " + smuggle + b'\r\nSet-Cookie: ok="v1"\r\n'
+    first += b"Set-Cookie: sp=a\\054b\r\nContent-Length: 2\r\n\r\n{}"
+
+    async def main() -> None:
+        async with raw_server(fixed(first, JSON_OK)) as (url, srv):
+            c = OriginClient(url, connect_timeout=5)
+            for _ in range(2):
+                await get(c)
+            second = srv.requests[1]
+            assert second.count(b"HTTP/1.1") == 1 and b"X-Injected" not in second
+            assert b"smuggled" not in second
+            # A well-formed quoted value goes back exactly as it came.
+            cookie = [ln for ln in second.split(b"\r\n") if ln.lower().startswith(b"cookie:")]
+            assert cookie == [b'Cookie: ok="v1"']
+            await c.close()
+
+    run(main)
+
+
 def test_the_request_is_what_the_caller_gave_and_no_more() -> None:
     async def main() -> None:
         async with raw_server(fixed(JSON_OK)) as (url, srv):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import email.utils
+import re
 import socket
 import ssl
 import time
@@ -59,6 +60,11 @@ _DECODE_STEP = 256 * 1024
 _LOW_WATER = 256 * 1024
 _USER_AGENT = f"visor/{__version__}"
 _SAFE_TO_REPEAT = frozenset({"GET", "DELETE"})
+# RFC 6265 section 4.1.1: a cookie's name is a token; its value cookie-octets, optionally quoted.
+_COOKIE_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_COOKIE_VALUE = re.compile(
+    r'[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*|"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*"'
+)
 
 
 class HttpClientError(Exception):
@@ -556,6 +562,7 @@ class OriginClient:
         lines.append("Accept-Encoding: identity")
         cookie = self._cookie_header()
         if cookie:
+            _check_field("Cookie", cookie)
             lines.append(f"Cookie: {cookie}")
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
@@ -570,6 +577,12 @@ class OriginClient:
             except CookieError:
                 continue
             for name, morsel in jar.items():
+                # Sent back exactly as the server wrote it, and only in RFC 6265's cookie syntax:
+                # the parser decodes escapes (`\\015` is a CR), and a decoded value written into
+                # the Cookie line would let the server add header lines or requests of its own.
+                value = morsel.coded_value
+                if not _COOKIE_NAME.fullmatch(name) or not _COOKIE_VALUE.fullmatch(value):
+                    continue
                 expires: float | None = None
                 max_age = morsel["max-age"]
                 if max_age:
@@ -582,7 +595,7 @@ class OriginClient:
                 if expires is not None and expires <= time.time():
                     self._cookies.pop(name, None)
                 else:
-                    self._cookies[name] = (morsel.value, expires, bool(morsel["secure"]))
+                    self._cookies[name] = (value, expires, bool(morsel["secure"]))
 
     def _cookie_header(self) -> str:
         if not self._cookies:
