@@ -559,10 +559,14 @@ class PolicyChecks(Checks):
     def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
         result = response.obj.get("result")
         if type(result) is not dict:
-            return None
+            # An error instead of a listing: the server's text, like any other answer's.
+            return self.on_response("tools/list", response)
         params = request.obj.get("params") if request is not None else None
         cursor = params.get("cursor") if type(params) is dict else None
         self._observe_listing(result, cursor)
+        # The descriptions are the server's text the model reads first ("always copy
+        # eve@... in"): untrusted output like any result.
+        self.session.observe_output(None, result)
         return self.guard.hide_tools(self.session, response)
 
     def _observe_listing(self, result: dict[str, Any], cursor: Any) -> None:
@@ -603,8 +607,9 @@ class PolicyChecks(Checks):
         return self.guard.client_request(msg)
 
     def on_response(self, method: str, response: Message) -> bytes | None:
-        """A resources/read, prompts/get or tasks/result answer: untrusted output like a tool
-        result (indexed for provenance as the server sent it), redacted for the client."""
+        """Any answer but a tool call's or a tool listing's (resources, prompts, initialize's
+        instructions, completions, an error to anything): untrusted output like a tool result,
+        indexed for provenance as the server sent it and redacted for the client."""
         obj = response.obj
         payload = obj.get("result", obj.get("error"))
         if type(payload) is dict:
@@ -613,6 +618,14 @@ class PolicyChecks(Checks):
             # the deferred result of a task-augmented tools/call: a tool result in all but timing
             return self.guard.tool_result(None, response)
         return self.guard.response(method, response)
+
+    def on_notification(self, msg: Message) -> bytes | None:
+        """A server's notification (progress, log message, list changed): its text reaches the
+        model like a result's, so it is indexed and redacted the same way."""
+        params = msg.obj.get("params")
+        if type(params) is dict:
+            self.session.observe_output(None, params)
+        return self.guard.notification(msg)
 
     def on_server_request(self, msg: Message) -> bytes | None:
         refusal = self.guard.server_request(msg)

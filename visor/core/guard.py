@@ -68,6 +68,43 @@ def _rewrite(obj: dict[str, Any], key: str, value: Any) -> bytes:
     return orjson.dumps(out)
 
 
+def redact_output(value: Any, pset: redact.PatternSet, path: str, findings: list[redact.Finding]) -> Any:
+    """Every string a server sent, at any depth (a result's `_meta`, a link's description, an
+    error's message and data, a notification's text), except binary payloads: an image's or
+    audio's `data` and a resource's `blob` are base64, not text a model reads, and rewriting a
+    match inside them would corrupt them. Containers are copied only where something changed."""
+    t = type(value)
+    if t is str:
+        return redact.redact_value(value, pset, path, findings)
+    if t is dict:
+        binary = "mimeType" in value and value.get("type") in ("image", "audio")
+        out: dict[str, Any] | None = None
+        for k, v in value.items():
+            if (
+                type(v) not in (str, dict, list)
+                or (binary and k == "data")
+                or (k == "blob" and type(v) is str)
+            ):
+                continue
+            nv = redact_output(v, pset, f"{path}{redact._key(k)}", findings)
+            if nv is not v:
+                if out is None:
+                    out = dict(value)
+                out[k] = nv
+        return value if out is None else out
+    if t is list:
+        lst: list[Any] | None = None
+        for i, v in enumerate(value):
+            if type(v) in (str, dict, list):
+                nv = redact_output(v, pset, f"{path}[{i}]", findings)
+                if nv is not v:
+                    if lst is None:
+                        lst = list(value)
+                    lst[i] = nv
+        return value if lst is None else lst
+    return value
+
+
 class DataGuard:
     """Per-session: the compiled redactor, the tools' output schemas, where records go."""
 
@@ -137,13 +174,14 @@ class DataGuard:
     def tool_result(self, tool: str | None, response: Message) -> bytes | None:
         result = response.obj.get("result")
         if type(result) is not dict:
-            return None
+            # An error answers the call: its message and data are the server's text too.
+            return self.server_output(response, "error", tool=tool, method="tools/call")
         new = result
         findings: list[redact.Finding] = []
         notes: dict[str, Any] = {}
         pset = self.redactor.outputs
         if pset.may_match(response.raw):
-            new, findings = redact.redact_tool_result(pset, result)
+            new = redact_output(result, pset, "$", findings)
             if "structuredContent" in new and new.get("structuredContent") is not result.get(
                 "structuredContent"
             ):
@@ -272,34 +310,32 @@ class DataGuard:
         )
 
     def response(self, method: str, response: Message) -> bytes | None:
-        """Redact a resources/read or prompts/get result."""
-        result = response.obj.get("result")
-        pset = self.redactor.outputs
-        if type(result) is not dict or not pset.may_match(response.raw):
-            return None
-        if method == "resources/read":
-            new, findings = redact.redact_resource_result(pset, result)
-        elif method == "prompts/get":
-            new, findings = redact.redact_prompt_result(pset, result)
-        else:
-            return None
-        if not findings:
-            return None
-        self._redacted("output", response.id, findings, method=method)
-        return _rewrite(response.obj, "result", new)
+        """Any answer but a tool call's, with secrets in its result (or error) redacted."""
+        key = "result" if "result" in response.obj else "error"
+        return self.server_output(response, key, method=method)
 
     def redact_server_request(self, msg: Message) -> bytes | None:
         """A sampling/createMessage or elicitation/create with secrets in its text redacted."""
-        params = msg.obj.get("params")
+        return self.server_output(msg, "params", direction="server_request", method=msg.method)
+
+    def notification(self, msg: Message) -> bytes | None:
+        """A server's notification (progress, log message, ...) with secrets in its text redacted."""
+        return self.server_output(msg, "params", direction="notification", method=msg.method)
+
+    def server_output(
+        self, msg: Message, key: str, *, direction: str = "output", **detail: Any
+    ) -> bytes | None:
+        """`msg` with secrets in its member `key` redacted, or None when there were none."""
+        value = msg.obj.get(key)
         pset = self.redactor.outputs
-        if type(params) is not dict or not pset.may_match(msg.raw):
+        if type(value) is not dict or not pset.may_match(msg.raw):
             return None
         findings: list[redact.Finding] = []
-        new = redact.redact_value(params, pset, "$.params", findings)
+        new = redact_output(value, pset, f"$.{key}", findings)
         if not findings:
             return None
-        self._redacted("server_request", msg.id, findings, method=msg.method)
-        return _rewrite(msg.obj, "params", new)
+        self._redacted(direction, msg.id, findings, **detail)
+        return _rewrite(msg.obj, key, new)
 
     def server_request(self, msg: Message) -> bytes | None:
         """An error line to send back to the server when its request is refused, else None."""

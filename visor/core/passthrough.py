@@ -147,7 +147,11 @@ class Checks:
         return None
 
     def on_response(self, method: str, response: Message) -> bytes | None:
-        """A resources/read, prompts/get or tasks/result answer: replacement bytes or None."""
+        """Any answer but a tool call's or a tool listing's: replacement bytes or None."""
+        return None
+
+    def on_notification(self, msg: Message) -> bytes | None:
+        """A server's notification: replacement bytes or None."""
         return None
 
     def on_server_request(self, msg: Message) -> bytes | None:

@@ -97,8 +97,6 @@ _SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 _PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
 # Methods beyond tools/call that the checks see (visor/core/guard.py).
 GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
-# Answers that carry server content: indexed as untrusted output and redacted.
-_REDACTED_RESULTS = frozenset(("resources/read", "prompts/get", "tasks/result"))
 _GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create"))
 # Pages of Visor's own listing it follows; a server that never stops paging gets
 # the pins of these pages and no more.
@@ -842,7 +840,14 @@ class SessionCore:
                     self._reject("server", "notifications/cancelled without a valid requestId", None, msg.raw)
                     return
                 self.server_pending.pop(target, None)
-            self._to_client(msg.raw)
+            try:
+                line = self.checks.on_notification(msg) or msg.raw
+            except Exception:
+                # Unobserved output must not reach the client unredacted.
+                log.exception("server_notification_check_failed", method=msg.method)
+                self._reject("server", "Visor could not check this notification", None, msg.raw)
+                return
+            self._to_client(line)
 
     def _server_request(self, msg: Message) -> None:
         if is_visor_rpc_id(msg.id):
@@ -926,8 +931,6 @@ class SessionCore:
             return checks.on_tool_result(call, call.msg.tool if call is not None else None, msg)
         if method == "tools/list":
             return checks.on_tools_list(msg, entry.msg)
-        if method in _REDACTED_RESULTS:
-            return checks.on_response(method, msg)
         if method == "initialize":
             result = msg.obj.get("result")
             if type(result) is dict:
@@ -940,7 +943,9 @@ class SessionCore:
             meta = result.get("_meta") if type(result) is dict else None
             if type(meta) is dict and type(meta.get(_SERVER_INFO_KEY)) is dict:
                 checks.on_server_info(meta[_SERVER_INFO_KEY])
-        return None
+        # Everything else the server answers (initialize's instructions, resources, prompts,
+        # completions, errors) is its text too: indexed as untrusted output and redacted.
+        return checks.on_response(method or "", msg)
 
     # ------------------------------------------------------------- evidence
     def _reject(
