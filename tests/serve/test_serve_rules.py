@@ -268,3 +268,66 @@ def test_a_routing_or_identifying_header_given_twice_is_refused(tmp_path: Path) 
             assert "more than once" in answer["error"]["message"]
         # Once each, the same request is served.
         assert post(gw.url, {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid).status == 200
+
+
+def test_every_body_the_relay_would_refuse_is_answered_at_the_door(tmp_path: Path) -> None:
+    # The gateway reads a client's body with the relay's client-side strictness: a body it let in
+    # and the relay then refused (keys equal after case folding, an integer past 64 bits) was
+    # never answered, and on the sessionless path it was re-serialised with the number changed.
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
+        sid = initialize(gw.url)
+        nested = b"[" * 900 + b"]" * 900
+        variants = [
+            b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":'
+            b'{"text":"a","Text":"b","deep":' + nested + b"}}}",
+            b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"echo","arguments":'
+            b'{"text":"a","n":123456789012345678901234567890}}}',
+        ]
+        for body in variants:
+            reply = post(gw.url, body, sid)
+            assert reply.status == 400 and reply.json()["error"]["code"] == -32600, reply
+        modern = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "echo"}
+        meta = b'"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}'
+        big = (
+            b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"echo",'
+            b'"arguments":{"text":"a","n":123456789012345678901234567890},' + meta + b"}}"
+        )
+        reply = post(gw.url, big, **modern)
+        assert reply.status == 400 and "64-bit" in reply.json()["error"]["message"], reply
+
+
+def test_a_body_for_no_session_is_not_read(tmp_path: Path) -> None:
+    # The session is looked up before the body is read: a client that announces 16 MB for a
+    # session that does not exist is answered 404 without sending any of it.
+    import http.client
+    from urllib.parse import urlsplit
+
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
+        parts = urlsplit(gw.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.putrequest("POST", parts.path)
+        for name, value in {
+            "Content-Type": "application/json", "Accept": ACCEPT_BOTH, "Mcp-Session-Id": "0" * 32,
+            "Content-Length": str(16 * 1024 * 1024 - 1),
+        }.items():  # fmt: skip
+            conn.putheader(name, value)
+        conn.endheaders()
+        reply = conn.getresponse()
+        assert reply.status == 404
+        conn.close()
+
+
+def test_a_last_event_id_of_other_digits_opens_a_plain_stream(tmp_path: Path) -> None:
+    # "²" is a digit to str.isdigit and not to int(): it was a 500.
+    import http.client
+    from urllib.parse import urlsplit
+
+    with serve(tmp_path, stdio_upstream(tmp_path / "pids")) as gw:
+        sid = initialize(gw.url)
+        parts = urlsplit(gw.url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", parts.path, headers={"Accept": "text/event-stream", "Mcp-Session-Id": sid,
+                                                 "Last-Event-ID": "\u00b2.1".encode().decode("latin-1")})  # fmt: skip
+        reply = conn.getresponse()
+        assert reply.status == 200 and reply.getheader("Content-Type") == "text/event-stream"
+        conn.close()

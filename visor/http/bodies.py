@@ -6,7 +6,10 @@ several ``data:`` lines with LF. The relay's client side is newline-framed, so s
 are turned into spaces, but only once the bytes as received have parsed: a raw line break
 inside a JSON string is invalid, and a space there would make it valid, so a body is never
 repaired into a message the server did not send. Everything else is `classify()` as on
-stdio, with the server-to-client strictness (exact duplicate keys, batches refused).
+stdio: a client's body (the gateway's) with the client-side strictness the relay applies
+(duplicate keys after case folding, integers outside 64 bits, raw Unicode line separators), so
+the gateway refuses, and answers, every body the relay would refuse; a server's with the
+server-to-client strictness (exact duplicate keys, batches refused).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from visor.wire.message import Message, Rejected, classify
 _WHITESPACE = b" \t\r\n"
 
 
-def classify_body(data: bytes) -> Message | Rejected:
+def classify_body(data: bytes, *, from_client: bool = False) -> Message | Rejected:
     """Classify one body or event's data; `Message.raw` is the newline-free form to hand on."""
     line = data.strip(_WHITESPACE)
     if not line:
@@ -31,4 +34,4 @@ def classify_body(data: bytes) -> Message | Rejected:
             return Rejected(errors.PARSE_ERROR, f"not valid JSON: {exc}", reply_null=True)
         # Valid JSON: every CR and LF is whitespace between tokens.
         line = line.replace(b"\r\n", b" ").replace(b"\r", b" ").replace(b"\n", b" ")
-    return classify(line, fold_case=False)
+    return classify(line, fold_case=from_client)

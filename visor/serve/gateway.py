@@ -469,6 +469,14 @@ class Gateway:
                 errors.INVALID_REQUEST,
                 f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
             )
+        sid = request.headers.get(SESSION_HEADER)
+        session: McpSession | None = None
+        if sid is not None:
+            # The session first: a body for no session is never read, held or parsed.
+            found = await self._session_for(request)
+            if isinstance(found, Response):
+                return found
+            session = found
         try:
             body = await request.read()
         except BodyTooLarge:
@@ -477,24 +485,18 @@ class Gateway:
                 errors.INVALID_REQUEST,
                 f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
             )
-        sid = request.headers.get(SESSION_HEADER)
-        msg = classify_body(body)
+        msg = classify_body(body, from_client=True)
         if isinstance(msg, Rejected):
-            session = self.sessions.get(sid) if sid is not None else None
             if session is not None:
                 self._record_reject(session, body, msg)
             rpc_id = msg.reply_ids[0] if len(msg.reply_ids) == 1 and not msg.reply_null else None
             return _error(400, msg.code, msg.reason, rpc_id=rpc_id)
-        if sid is None and msg.kind is Kind.REQUEST and msg.method == "initialize":
-            return await self._initialize(request, msg)
-        if sid is None and (
-            request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS or _claims_modern(msg)
-        ):
-            return await self._sessionless(request, msg)
-        found = await self._session_for(request)
-        if isinstance(found, Response):
-            return found
-        session = found
+        if session is None:
+            if msg.kind is Kind.REQUEST and msg.method == "initialize":
+                return await self._initialize(request, msg)
+            if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS or _claims_modern(msg):
+                return await self._sessionless(request, msg)
+            return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
         session.last_active = time.monotonic()
         if msg.kind is not Kind.REQUEST:
             # A notification or a response (to a server's request): accepted once on the relay's input.

@@ -412,7 +412,7 @@ class McpSession:
         """The detached request stream `last_event_id` names, and the events the client missed;
         None when there is none to resume (the id is another stream's, unknown, or too old)."""
         stream, dot, seq = last_event_id.partition(".")
-        if not (dot and stream.isdigit() and seq.isdigit() and len(stream) < 12 and len(seq) < 12):
+        if not (dot and _ascii_number(stream) and _ascii_number(seq)):
             return None
         ex = self._detached.get(int(stream))
         if ex is None:
@@ -535,3 +535,8 @@ class _RelayInput(asyncio.ReadTransport):
             self._closing = True
             self._session._input_paused()
             self._session._input_closed_by_relay()
+
+
+def _ascii_number(text: str) -> bool:
+    """1 to 11 ASCII digits (`str.isdigit` takes "²", which `int()` refuses)."""
+    return 0 < len(text) < 12 and text.isascii() and text.isdigit()
