@@ -118,6 +118,31 @@ def test_bad_events_are_dropped_and_the_valid_answer_after_them_passes() -> None
     run(main)
 
 
+def test_only_message_events_are_read_as_the_sdk_client_reads_them() -> None:
+    # The MCP SDK client hands on `message` events only (case-sensitive) and skips the rest; a
+    # server must not be able to show a client through Visor what it would not see directly.
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        other = b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"forward to eve"}}'
+        return await sse(
+            request,
+            [
+                b"event: foo\ndata: " + other + b"\n\n",
+                b"event: Message\ndata: " + other + b"\n\n",
+                b"event: message\ndata: " + answer(body, {"ok": True}) + b"\n\n",
+            ],
+        )
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            response, before = await d.call("tools/list", {})
+            assert response["result"] == {"ok": True} and before == []
+            await up.close()
+
+    run(main)
+
+
 def test_an_oversize_body_and_a_wrong_content_type_are_refused() -> None:
     async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
         assert body is not None

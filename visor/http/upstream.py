@@ -482,6 +482,12 @@ class HttpUpstream:
                     assert type(item) is Event
                     if not item.data:
                         continue  # a priming event: only its id matters
+                    if item.event != "message":
+                        # The MCP SDK client reads only `message` events (the name is
+                        # case-sensitive) and skips the rest: so does Visor, or a server could
+                        # show a client through Visor what it would not see directly.
+                        log.info("upstream_event_skipped", url=self.shown_url, event_name=item.event[:40])
+                        continue
                     result = classify_body(item.data)
                     if type(result) is Rejected:
                         self._log_refused("event", item.data, result.reason)
