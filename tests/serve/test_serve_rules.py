@@ -67,6 +67,10 @@ def test_origin_or_host_of_another_site_is_refused(tmp_path: Path) -> None:
         rebound = post(gw.url, INIT, Host=f"attacker.example:{port}")
         assert rebound.status == 403 and rebound.json()["error"]["code"] == -32600
         assert post(gw.url, INIT, Host=f"localhost:{port}").status == 200
+        # Spellings a lenient URL parser reads as loopback, and no browser sends, are refused.
+        assert post(gw.url, INIT, Host=f"evil.example\\@127.0.0.1:{port}").status == 403
+        assert post(gw.url, INIT, Origin=f"http://evil.example\\@localhost:{port}").status == 403
+        assert post(gw.url, INIT, Origin=f"http://localhost:{port}/path").status == 403
 
 
 def test_a_non_loopback_listen_without_a_client_token_is_refused_at_start(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
 import time
@@ -101,9 +102,17 @@ def _media_types(value: str) -> frozenset[str]:
     return frozenset(part.split(";", 1)[0].strip().lower() for part in value.split(",") if part.strip())
 
 
+# A Host value, and an Origin's host part, as RFC 9110 and browsers write them: a name or an IP
+# literal and an optional port; nothing a lenient URL parser would read past (`evil\\@127.0.0.1`).
+_HOST_VALUE = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")
+_ORIGIN_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://" + _HOST_VALUE.pattern)
+
+
 @functools.lru_cache(maxsize=_PARSED_KEEP)
 def _names_loopback(host: str) -> bool:
     """Whether a Host header's value names this machine's loopback."""
+    if not _HOST_VALUE.fullmatch(host):
+        return False
     try:
         name = urlsplit("//" + host).hostname
     except ValueError:
@@ -271,6 +280,8 @@ class Gateway:
     def _origin_allowed(self, origin: str) -> bool:
         if origin in self.config.allowed_origins:
             return True
+        if not _ORIGIN_VALUE.fullmatch(origin):
+            return False  # not the scheme://host[:port] a browser sends
         try:
             host = urlsplit(origin).hostname
         except ValueError:
