@@ -15,6 +15,9 @@ Why it is shaped this way:
   when the set holds a policy pattern (whose literals we cannot know), are the
   strings walked, and then one combined alternation decides whether any
   pattern can match a string before the patterns run one by one.
+  A fragment is searched as the JSON line spells it (``password=\\"`` for
+  ``password="``, see `_json_spelling`), and a line with ``\\u`` or ``\\/``
+  escapes, which can spell anything, is always walked.
 * Containers are copied only where something changed, so an unchanged value
   is returned as the very same object and callers can test with ``is``.
 * Patterns run in order (built-ins first, then the policy's in listing
@@ -101,18 +104,13 @@ BUILTIN: tuple[Pattern, ...] = (
     ),
     _p(
         "aws_secret_access_key",
-        # 40 characters of base64 alone are too common to redact; only in context.
-        r"(?i:secret_?access_?key|secret_?key)[\"']?\s*[:=]\s*[\"']?"
+        # 40 characters of base64 alone are too common to redact; only in context. The keyword
+        # in the letter cases people write it (secret_access_key, SECRET_ACCESS_KEY,
+        # SecretAccessKey, Secret_Key...), each holding "ecret" or "ECRET": the prefilter and
+        # the gate find every form the regex reads (a case-insensitive screen costs 5x).
+        r"(?:[Ss]ecret_?[Aa]ccess_?[Kk]ey|SECRET_?ACCESS_?KEY|[Ss]ecret_?[Kk]ey|SECRET_?KEY)[\"']?\s*[:=]\s*[\"']?"
         r"(?P<secret>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
-        (
-            "ecret_access_key",
-            "ECRET_ACCESS_KEY",
-            "ecretAccessKey",
-            "ecretaccesskey",
-            "ecret_key",
-            "ECRET_KEY",
-            "ecretKey",
-        ),
+        ("ecret", "ECRET"),
         boundary=False,
         gate=("ecret", "ECRET"),
     ),
@@ -153,6 +151,16 @@ def literal_prefix(regex: re.Pattern[str]) -> str:
     """The literal text every match of `regex` starts with ("" if none or unsure).
 
     Lets a policy pattern such as ``TOK-[A-Z0-9]{16}`` join the prefilter.
+    This is decoded text, as the regex sees it; `build_set` turns it into the
+    bytes a JSON line holds (`_json_spelling`).
+
+    Only the leading run of LITERAL nodes counts, so anything that makes a
+    match's first characters vary ends it: an alternation (the parser keeps
+    only a prefix common to all branches as literals), a class of more than
+    one character, a repeat (``abc?`` gives ``ab``), a group, an anchor or
+    lookaround. Case-insensitive patterns (``(?i)`` or re.IGNORECASE) give
+    "": their LITERAL nodes match other cases too. A scoped ``(?i:...)`` is a
+    group, so the prefix ends before it.
     """
     if regex.flags & re.IGNORECASE:
         return ""
@@ -201,7 +209,8 @@ class PatternSet:
         if screen is None:
             return True
         # An escaped character could hide a literal from the byte test
-        # (\\u0041KIA, :\\/\\/): such lines are walked.
+        # (\\u0041KIA, :\\/\\/): such lines are walked. Every other
+        # escape has one spelling, which the screen searches (_json_spelling).
         if b"\\" in raw and (b"\\u" in raw or b"\\/" in raw):
             return True
         if len(raw) > _LONG:
@@ -269,7 +278,8 @@ def build_set(patterns: Iterable[Pattern]) -> PatternSet:
     if not screened:
         return PatternSet(pats, None)
     # Longest first, so that the alternation never stops early on a prefix.
-    ordered = [lit.encode() for lit in sorted(dict.fromkeys(literals), key=len, reverse=True)]
+    spelled = dict.fromkeys(_json_spelling(lit) for lit in literals)
+    ordered = sorted(spelled, key=len, reverse=True)
     groups: dict[bytes, list[bytes]] = {}
     for lit in ordered:
         anchor = min(lit, key=lambda b: (_COMMONNESS.get(b, 0), b))
@@ -279,6 +289,37 @@ def build_set(patterns: Iterable[Pattern]) -> PatternSet:
         re.compile(b"|".join(re.escape(lit[::-1]) for lit in ordered)),
         tuple((b, tuple(lits)) for b, lits in groups.items()),
     )
+
+
+# How a character of a decoded string is written in a JSON line that holds no
+# ``\u`` and no ``\/`` (PatternSet.may_match walks every line that does).
+# In such a line each character has exactly ONE spelling, whatever the encoder
+# (json.dumps, orjson, JSON.stringify, serde_json, Go...):
+#
+# * ``"`` and ``\`` must be escaped, and without \u only as ``\"`` and ``\\``;
+# * control characters U+0000-U+001F must be escaped (the line was parsed by
+#   orjson, which refuses them raw); without \u only these five can be, as
+#   ``\b \f \n \r \t``; the others cannot occur at all, so a literal holding
+#   one can only be in a line with \u, and is left as it is (never found);
+# * ``/`` is ``/`` (``\/`` means the line is walked);
+# * anything else is its own UTF-8 bytes (orjson refuses any other encoding;
+#   ``\uXXXX``, surrogate pairs included, means the line is walked). A lone
+#   surrogate cannot be written raw, so its "surrogatepass" bytes, which no
+#   valid line holds, are never found: right, as only \u can spell it.
+#
+# So a decoded string holds a literal only if the line holds the literal's
+# spelling: escaping is character by character. Searching the unescaped
+# literal instead (as before) missed every match of a policy pattern such as
+# ``password="[^"]+"``, whose quote the line holds as ``\"``. Patterns without
+# these characters (all built-ins) are spelled as before, at the same speed.
+# (Leaving such patterns out of the prefilter would be sound too, but one
+# pattern like ``"password":\s*"`` would then make every message be walked.)
+_JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _json_spelling(literal: str) -> bytes:
+    """`literal` as the raw bytes of a JSON string holding it (see _JSON_ESCAPES)."""
+    return "".join(_JSON_ESCAPES.get(ch, ch) for ch in literal).encode("utf-8", "surrogatepass")
 
 
 # Lines longer than this are screened byte by byte first (see PatternSet.anchors).
@@ -379,84 +420,42 @@ def redact_arguments(pset: PatternSet, arguments: dict[str, Any]) -> tuple[dict[
 # -------------------------------------------------------------- outputs
 
 
-def _content_item(item: Any, pset: PatternSet, path: str, findings: list[Finding], key: str) -> Any:
-    """One content block: its text and an embedded resource's text."""
-    if type(item) is not dict:
-        return item
-    new_item = item
-    text = item.get(key)
-    if type(text) is str:
-        nt = redact_value(text, pset, f"{path}.{key}", findings)
-        if nt is not text:
-            new_item = {**item, key: nt}
-    res = item.get("resource")
-    if type(res) is dict and type(res.get("text")) is str:
-        nt = redact_value(res["text"], pset, f"{path}.resource.text", findings)
-        if nt is not res["text"]:
-            new_item = {**new_item, "resource": {**res, "text": nt}}
-    return new_item
-
-
-def _content_list(
-    items: Any, pset: PatternSet, path: str, findings: list[Finding], *, key: str = "text"
-) -> Any:
-    """`content[]` of a tool result or `contents[]` of a resource read."""
-    if type(items) is not list:
-        return items
-    out: list[Any] | None = None
-    for i, item in enumerate(items):
-        new_item = _content_item(item, pset, f"{path}[{i}]", findings, key)
-        if new_item is not item:
-            if out is None:
-                out = list(items)
-            out[i] = new_item
-    return items if out is None else out
-
-
-def redact_tool_result(pset: PatternSet, result: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """`content[].text`, `content[].resource.text` and every string of `structuredContent`."""
-    findings: list[Finding] = []
-    new = result
-    content = result.get("content")
-    nc = _content_list(content, pset, "$.content", findings)
-    if nc is not content:
-        new = {**new, "content": nc}
-    if "structuredContent" in result:
-        sc = result["structuredContent"]
-        nsc = redact_value(sc, pset, "$.structuredContent", findings)
-        if nsc is not sc:
-            new = {**new, "structuredContent": nsc}
-    return new, findings
-
-
-def redact_resource_result(pset: PatternSet, result: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """`resources/read`: `contents[].text` (blobs are left alone)."""
-    findings: list[Finding] = []
-    contents = result.get("contents")
-    nc = _content_list(contents, pset, "$.contents", findings)
-    return (result if nc is contents else {**result, "contents": nc}), findings
-
-
-def redact_prompt_result(pset: PatternSet, result: dict[str, Any]) -> tuple[dict[str, Any], list[Finding]]:
-    """`prompts/get`: `messages[].content.text` (and embedded resource text)."""
-    findings: list[Finding] = []
-    messages = result.get("messages")
-    if type(messages) is not list:
-        return result, findings
-    out: list[Any] | None = None
-    for i, m in enumerate(messages):
-        if type(m) is not dict:
-            continue
-        c = m.get("content")
-        if type(c) is dict:
-            new_c = _content_item(c, pset, f"$.messages[{i}].content", findings, "text")
-        else:
-            new_c = _content_list(c, pset, f"$.messages[{i}].content", findings)
-        if new_c is not c:
-            if out is None:
-                out = list(messages)
-            out[i] = {**m, "content": new_c}
-    return (result if out is None else {**result, "messages": out}), findings
+def redact_output(value: Any, pset: PatternSet, path: str, findings: list[Finding]) -> Any:
+    """Every string a server sent, at any depth (a result's content and `_meta`, a link's
+    description, an error's message and data, a notification's text), except binary payloads: an
+    image's or audio's `data` and a resource's `blob` are base64, not text a model reads, and
+    rewriting a match inside them would corrupt them. Containers are copied only where something
+    changed."""
+    t = type(value)
+    if t is str:
+        return redact_value(value, pset, path, findings)
+    if t is dict:
+        binary = "mimeType" in value and value.get("type") in ("image", "audio")
+        out: dict[str, Any] | None = None
+        for k, v in value.items():
+            if (
+                type(v) not in (str, dict, list)
+                or (binary and k == "data")
+                or (k == "blob" and type(v) is str)
+            ):
+                continue
+            nv = redact_output(v, pset, f"{path}{_key(k)}", findings)
+            if nv is not v:
+                if out is None:
+                    out = dict(value)
+                out[k] = nv
+        return value if out is None else out
+    if t is list:
+        lst: list[Any] | None = None
+        for i, v in enumerate(value):
+            if type(v) in (str, dict, list):
+                nv = redact_output(v, pset, f"{path}[{i}]", findings)
+                if nv is not v:
+                    if lst is None:
+                        lst = list(value)
+                    lst[i] = nv
+        return value if lst is None else lst
+    return value
 
 
 # ------------------------------------------------------- schema checks

@@ -68,43 +68,6 @@ def _rewrite(obj: dict[str, Any], key: str, value: Any) -> bytes:
     return orjson.dumps(out)
 
 
-def redact_output(value: Any, pset: redact.PatternSet, path: str, findings: list[redact.Finding]) -> Any:
-    """Every string a server sent, at any depth (a result's `_meta`, a link's description, an
-    error's message and data, a notification's text), except binary payloads: an image's or
-    audio's `data` and a resource's `blob` are base64, not text a model reads, and rewriting a
-    match inside them would corrupt them. Containers are copied only where something changed."""
-    t = type(value)
-    if t is str:
-        return redact.redact_value(value, pset, path, findings)
-    if t is dict:
-        binary = "mimeType" in value and value.get("type") in ("image", "audio")
-        out: dict[str, Any] | None = None
-        for k, v in value.items():
-            if (
-                type(v) not in (str, dict, list)
-                or (binary and k == "data")
-                or (k == "blob" and type(v) is str)
-            ):
-                continue
-            nv = redact_output(v, pset, f"{path}{redact._key(k)}", findings)
-            if nv is not v:
-                if out is None:
-                    out = dict(value)
-                out[k] = nv
-        return value if out is None else out
-    if t is list:
-        lst: list[Any] | None = None
-        for i, v in enumerate(value):
-            if type(v) in (str, dict, list):
-                nv = redact_output(v, pset, f"{path}[{i}]", findings)
-                if nv is not v:
-                    if lst is None:
-                        lst = list(value)
-                    lst[i] = nv
-        return value if lst is None else lst
-    return value
-
-
 class DataGuard:
     """Per-session: the compiled redactor, the tools' output schemas, where records go."""
 
@@ -181,7 +144,7 @@ class DataGuard:
         notes: dict[str, Any] = {}
         pset = self.redactor.outputs
         if pset.may_match(response.raw):
-            new = redact_output(result, pset, "$", findings)
+            new = redact.redact_output(result, pset, "$", findings)
             if "structuredContent" in new and new.get("structuredContent") is not result.get(
                 "structuredContent"
             ):
@@ -331,7 +294,7 @@ class DataGuard:
         if type(value) is not dict or not pset.may_match(msg.raw):
             return None
         findings: list[redact.Finding] = []
-        new = redact_output(value, pset, f"$.{key}", findings)
+        new = redact.redact_output(value, pset, f"$.{key}", findings)
         if not findings:
             return None
         self._redacted(direction, msg.id, findings, **detail)
