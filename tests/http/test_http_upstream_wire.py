@@ -143,6 +143,38 @@ def test_only_message_events_are_read_as_the_sdk_client_reads_them() -> None:
     run(main)
 
 
+@pytest.mark.parametrize("stall", ["before the head", "inside the body", "between events"])
+def test_a_server_that_stalls_gets_the_request_answered_after_the_read_timeout(stall: str) -> None:
+    # A server that accepted the request and then sends nothing: the client is never left waiting
+    # (as the MCP SDK client, which gives up after its read timeout).
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if stall == "before the head":
+            await asyncio.sleep(2)
+        if stall == "inside the body":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
+            await resp.prepare(request)
+            await resp.write(b'{"jsonrpc":"2.0",')
+        else:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n')
+        await asyncio.sleep(2)
+        return resp
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, _):
+            up = HttpUpstream(HttpUpstreamConfig(url, read_timeout=0.5))
+            d = Driver(up)
+            await d.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+            got = await asyncio.wait_for(d.recv(), 20)
+            while got is not None and "id" not in got:  # the progress notification
+                got = await asyncio.wait_for(d.recv(), 20)
+            assert got is not None and got["id"] == 1 and got["error"]["message"].startswith("Visor:")
+            await up.close(grace=0)
+
+    run(main)
+
+
 def test_an_oversize_body_and_a_wrong_content_type_are_refused() -> None:
     async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
         assert body is not None

@@ -79,6 +79,10 @@ class ResponseBroken(HttpClientError):
     """The connection ended or broke the HTTP syntax before the response was complete."""
 
 
+class ResponseTimeout(ResponseBroken):
+    """No byte of the response for the request's `read_timeout`: the server stalled."""
+
+
 class Headers:
     """A response's header fields: case-insensitive names, repeated fields kept in order."""
 
@@ -247,6 +251,8 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: HttpClientError | None = None
+        # Seconds without a byte of the response before it is given up (None: wait for ever).
+        self.read_timeout: float | None = None
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -371,7 +377,14 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             self._waiter = self._loop.create_future()
             try:
-                await self._waiter
+                if self.read_timeout is None:
+                    await self._waiter
+                else:
+                    async with asyncio.timeout(self.read_timeout):
+                        await self._waiter
+            except TimeoutError:
+                self._fail(ResponseTimeout(f"no byte of the response for {self.read_timeout:g} s"))
+                raise self._error or ResponseTimeout("the response stalled") from None
             finally:
                 self._waiter = None
 
@@ -467,14 +480,28 @@ class OriginClient:
         self._closed = False
         self._max_idle = max_idle
 
-    async def request(self, method: str, headers: dict[str, str], body: bytes | None = None) -> Response:
-        """Send one request and wait for its status and headers (the body streams on)."""
+    async def request(
+        self,
+        method: str,
+        headers: dict[str, str],
+        body: bytes | None = None,
+        *,
+        read_timeout: float | None = None,
+    ) -> Response:
+        """Send one request and wait for its status and headers (the body streams on).
+
+        `read_timeout`: the longest wait for the head, and then between pieces of the body, before
+        `ResponseTimeout` (a server that accepted the request and stalls); None waits for ever."""
         if self._closed:
             raise HttpClientError("the client is closed")
         wire = self._encode(method, headers, body)
         conn = await self._connection()
+        conn.read_timeout = read_timeout
         try:
-            response = await conn.send(wire)
+            response = await self._head(conn, wire)
+        except ResponseTimeout:
+            conn.abort()
+            raise
         except ResponseBroken:
             conn.abort()
             # A kept connection the server closed as this request went out. GET and DELETE are
@@ -482,8 +509,9 @@ class OriginClient:
             if not conn.reused or method not in _SAFE_TO_REPEAT:
                 raise
             conn = await self._connection(fresh=True)
+            conn.read_timeout = read_timeout
             try:
-                response = await conn.send(wire)
+                response = await self._head(conn, wire)
             except BaseException:
                 conn.abort()
                 raise
@@ -492,6 +520,17 @@ class OriginClient:
             raise
         self._keep_cookies(response.headers)
         return response
+
+    @staticmethod
+    async def _head(conn: _Connection, wire: bytes) -> Response:
+        head = conn.send(wire)
+        if conn.read_timeout is None:
+            return await head
+        try:
+            async with asyncio.timeout(conn.read_timeout):
+                return await head
+        except TimeoutError:
+            raise ResponseTimeout(f"no response for {conn.read_timeout:g} s") from None
 
     def put_back(self, conn: _Connection) -> None:
         if self._closed or len(self._idle) >= self._max_idle:

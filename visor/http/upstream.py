@@ -90,6 +90,10 @@ class HttpUpstreamConfig:
     #: Reconnections of one stream without a message in between before giving up.
     max_reconnects: int = 5
     delete_timeout: float = 5.0
+    #: A request's answer (JSON or event stream) with no byte for this long is given up and the
+    #: request answered with an error: as the MCP SDK client's read timeout (5 minutes). The GET
+    #: stream, quiet while the server has nothing to say, has none.
+    read_timeout: float = 300.0
 
 
 class _Refused(Exception):
@@ -308,7 +312,9 @@ class HttpUpstream:
 
     async def _post_request(self, msg: Message) -> tuple[bool, str]:
         sent_session = self.session_id
-        async with await self._client().request("POST", self._headers(msg, _ACCEPT_BOTH), msg.raw) as resp:
+        async with await self._client().request(
+            "POST", self._headers(msg, _ACCEPT_BOTH), msg.raw, read_timeout=self.config.read_timeout
+        ) as resp:
             self._check_status(resp, sent_session is not None)
             if msg.method == "initialize" and resp.status == 200:
                 self._take_session_id(resp)
@@ -444,7 +450,7 @@ class HttpUpstream:
             await asyncio.sleep(self._retry_delay(state))
             progressed = state.delivered
             async with await self._client().request(
-                "GET", self._resume_headers(state.last_event_id)
+                "GET", self._resume_headers(state.last_event_id), read_timeout=self.config.read_timeout
             ) as again:
                 self._check_status(again, self.session_id is not None)
                 if again.status != 200 or again.content_type != "text/event-stream":
