@@ -11,12 +11,17 @@ handler); measured on this project's machine that was 140-190 µs of CPU per req
   CR or LF in a header. Limits llhttp has not are kept here: the request target
   (`MAX_TARGET_BYTES`, 414), the header section (`MAX_HEADER_BYTES` and `MAX_HEADERS`, 431), the
   time a request's head may take to arrive (`HEAD_TIMEOUT_SECONDS`), the time its body may take
-  (`BODY_TIMEOUT_SECONDS`), and the body (`max_body`: bytes past it are counted, not kept);
+  (`BODY_TIMEOUT_SECONDS`), and the body (`max_body`, 413: a larger Content-Length is refused
+  before any of it arrives, bytes past it are not kept, and a chunked body's framing and trailer
+  may take no more bytes than the body itself plus `MAX_HEADER_BYTES`); only HTTP/1.0 and 1.1
+  are served (505);
 - the handler starts when a request's head is complete, so it can refuse the request by its
   headers before its body is read; `Request.read()` waits for the body (sending `100 Continue`
   first when the client asked for it);
 - requests pipelined on one connection are answered in order, one handler at a time; at most
-  `MAX_QUEUED` are parsed ahead, then reading pauses;
+  `MAX_QUEUED` are parsed ahead (also within one read: the rest of it waits, unparsed), then
+  reading pauses; a request refused as malformed is answered after those before it, then the
+  connection closed;
 - a client that goes away cancels its request's handler; writes to a connection that is gone
   raise `ConnectionResetError`;
 - only the origin form of a request target (`/path?query`) is served; an upgrade (`Upgrade:`
@@ -68,6 +73,18 @@ class BodyTimeout(Exception):
     """The request's body did not arrive within `BODY_TIMEOUT_SECONDS`."""
 
 
+class ServerBusy(Exception):
+    """The bodies the server holds at once would pass its `max_held`: this one is refused (503)."""
+
+
+class BodyInvalid(Exception):
+    """The request's body broke the message syntax (a bad chunk) after its handler started."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 _REASONS = {
     100: "Continue", 200: "OK", 202: "Accepted", 204: "No Content", 400: "Bad Request",
     401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
@@ -82,15 +99,20 @@ class Request:
     """One request: its head at once, its body through `read()`."""
 
     __slots__ = (
+        "_answered",
         "_chunks",
         "_complete",
         "_conn",
         "_continue",
+        "_invalid",
+        "_kept",
         "_lost",
+        "_overloaded",
         "_query",
         "_size",
         "_too_large",
         "_waiter",
+        "_wire",
         "content_length",
         "headers",
         "keep_alive",
@@ -122,11 +144,23 @@ class Request:
         self.content_length = int(length) if length is not None else None
         self._chunks: list[bytes] = []
         self._size = 0
+        # Bytes on the wire while the body is parsed (chunk framing and trailer included).
+        self._wire = 0
         self._complete = False
+        self._kept = 0
+        self._overloaded = False
         self._too_large = False
+        if self.content_length is not None and self.content_length > conn.server.max_body:
+            # Refused on its word: read() raises at once, and no 100 Continue invites the body.
+            self._too_large = True
+            self.keep_alive = False
+        self._invalid: BodyInvalid | None = None
         self._lost = False
+        # The status line and headers of its answer are written.
+        self._answered = False
         self._waiter: asyncio.Future[None] | None = None
-        self._continue = headers.get("Expect", "").lower() == "100-continue"
+        # An HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1): it knows no 100.
+        self._continue = version == "1.1" and headers.get("Expect", "").lower() == "100-continue"
         self._query: dict[str, list[str]] | None = None
 
     @property
@@ -141,12 +175,13 @@ class Request:
 
     async def read(self) -> bytes:
         """The whole body; `BodyTooLarge` past the server's limit, `BodyTimeout` when it is slow,
-        `ConnectionResetError` when the client went away."""
-        if not self._complete and not self._lost and self._continue:
+        `BodyInvalid` when its framing is broken, `ConnectionResetError` when the client went away."""
+        waiting = not (self._complete or self._lost or self._too_large or self._invalid or self._overloaded)
+        if waiting and self._continue:
             self._continue = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not self._complete and not self._lost and not self._too_large:
+        if waiting:
             waiter = self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(BODY_TIMEOUT_SECONDS):
@@ -158,6 +193,10 @@ class Request:
                 self._waiter = None
         if self._too_large:
             raise BodyTooLarge(self._conn.server.max_body)
+        if self._overloaded:
+            raise ServerBusy("the server holds too many request bodies at once")
+        if self._invalid is not None:
+            raise self._invalid
         if self._lost and not self._complete:
             raise ConnectionResetError("the client went away before its body was complete")
         return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
@@ -165,15 +204,54 @@ class Request:
     # The connection's side.
     def _feed(self, data: bytes) -> None:
         self._size += len(data)
-        if self._size > self._conn.server.max_body:
-            if not self._too_large:
-                self._too_large = True
-                self._chunks.clear()
-                # The rest of the body is read and dropped; the connection is not kept after it.
-                self.keep_alive = False
-                self._wake()
+        server = self._conn.server
+        if self._size > server.max_body:
+            self._overflow()
             return
+        if self._overloaded:
+            return
+        if server.held + len(data) > server.max_held:
+            # Many clients each sending a body just under the limit (and holding it) must not
+            # take the process's memory: past the server's budget a body is refused, not kept.
+            self._overloaded = True
+            self._release()
+            self.keep_alive = False
+            self._wake()
+            self._conn._discard()
+            return
+        server.held += len(data)
+        self._kept += len(data)
         self._chunks.append(data)
+
+    def _release(self) -> None:
+        """The body's bytes are no longer held here (answered, refused, or the client is gone)."""
+        self._conn.server.held -= self._kept
+        self._kept = 0
+        self._chunks.clear()
+
+    def _wired(self, size: int) -> None:
+        # httptools keeps a trailer field's name and value until the field ends, and a chunk's
+        # size line and extensions are no body bytes: without this a chunked body of three bytes
+        # could be followed by a trailer field as long as the client likes, all of it held. The
+        # framing may be as large as the body (chunks of a few bytes) and MAX_HEADER_BYTES more.
+        self._wire += size
+        if self._wire - self._size > self._size + MAX_HEADER_BYTES:
+            self._overflow()
+
+    def _overflow(self) -> None:
+        if not self._too_large:
+            self._too_large = True
+            self._release()
+            # The connection is not kept after it.
+            self.keep_alive = False
+            self._wake()
+        # The rest of the input is read and dropped, never parsed (a trailer would be held).
+        self._conn._discard()
+
+    def _fail(self, status: int, message: str) -> None:
+        self._invalid = BodyInvalid(status, message)
+        self.keep_alive = False
+        self._wake()
 
     def _finish(self) -> None:
         self._complete = True
@@ -181,6 +259,7 @@ class Request:
 
     def _abort(self) -> None:
         self._lost = True
+        self._release()
         self._wake()
 
     def _wake(self) -> None:
@@ -233,9 +312,11 @@ class StreamResponse:
         if self.prepared:
             return
         conn = request._conn
+        self._chunked = conn.write_head(request, self.status, self.headers, None)
+        # Only once its head is out (write_head refuses a header with a line break): a stream
+        # whose head was refused is not one the server may end with a zero chunk.
         self._conn = conn
         self.prepared = True
-        self._chunked = conn.write_head(request, self.status, self.headers, None)
 
     async def write(self, data: bytes) -> None:
         conn = self._conn
@@ -274,20 +355,29 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._url = bytearray()
         self._fields: list[tuple[str, str]] = []
+        # The head's limit, two ways, each a lower bound of its size (so neither counts a byte
+        # twice): the names and values of its fields, and the bytes of reads wholly inside it
+        # (llhttp keeps a partial name or value until it ends, so that one is counted as it comes).
+        self._field_bytes = 0
         self._head_bytes = 0
+        self._head_deadline = 0.0
         self._in_head = False
         self._messages = 0
         self._parsing: Request | None = None
         self._queue: collections.deque[Request] = collections.deque()
+        # Bytes read but not parsed yet: MAX_QUEUED requests were parsed ahead.
+        self._backlog = b""
         self.task: asyncio.Task[None] | None = None
         self._current: Request | None = None
         self._reading_paused = False
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # No more requests are read (the client asked for an upgrade): what is queued
-        # is answered, then the connection closed.
+        # No more requests are read (the client asked for an upgrade, a request was malformed or
+        # too large): what is queued is answered, then the connection closed.
         self._no_more_input = False
+        # A malformed request's answer, written once the requests before it are answered.
+        self._pending: tuple[int, str] | None = None
         self._closing = False
         self._lost = False
         # The status to answer when the parser stops on a limit of ours, not a syntax error.
@@ -302,22 +392,11 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing or self._no_more_input:
             return
-        messages = self._messages
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._end_of_input()
+        if self._backlog:  # (reading is paused then; kept in order all the same)
+            self._backlog += data
             return
-        except httptools.HttpParserError as exc:
-            status, message = self._refusal or (400, f"Bad Request: not valid HTTP/1.1 ({exc})")
-            self._refuse(status, message)
-            return
-        if self._in_head and messages == self._messages:
-            # A head begun in an earlier read and still incomplete: its bytes count toward the
-            # head's limit here, since llhttp keeps a partial name or value until it ends.
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEADER_BYTES:
-                self._refuse(431, f"Request Header Fields Too Large: at most {MAX_HEADER_BYTES} bytes")
+        self._parse(data)
+        self._dispatch()
 
     def eof_received(self) -> bool:
         # The client closed its side: taken as gone (as browsers and HTTP clients mean it), so a
@@ -327,6 +406,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._closing = True
+        self._backlog = b""
         self.server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -350,13 +430,99 @@ class _Connection(asyncio.Protocol):
         if drain is not None and not drain.done():
             drain.set_result(None)
 
+    # ------------------------------------------------------------ parsing
+    def _parse(self, data: bytes) -> None:
+        """Feed llhttp, in pieces that cannot complete more heads than the queue has room for.
+
+        pause_reading() stops the next read, not the parse of this one, and one read can hold
+        thousands of small requests (uvloop reads up to 256 KiB), each a Request object queued.
+        A head ends with CRLF CRLF (llhttp takes no bare LF), so a piece holding `room` of them
+        completes at most `room` heads, one fewer when a head's CRLF CRLF was split before the
+        piece: the rest of the read waits, unparsed, in `_backlog`. A head is at least 18 bytes
+        ("GET / HTTP/1.1" and its CRLF CRLF), so a CRLF CRLF within 14 bytes after one counted is
+        not a head's end (it is not counted), and neither is one in the rest of a Content-Length
+        body. A read holding up to `room` requests is fed whole, in one piece."""
+        while data and not (self._no_more_input or self._closing):
+            room = MAX_QUEUED - len(self._queue)
+            if room <= 0:
+                self._backlog = data
+                self._pause_reading()
+                return
+            # A head split in the middle of its CRLF CRLF ends in this piece without a whole one.
+            if self._in_head and data[0] in b"\r\n":
+                room -= 1
+            parsing = self._parsing
+            start = 0
+            if parsing is not None and parsing.content_length is not None:
+                start = max(parsing.content_length - parsing._size, 0)
+            cut = len(data)
+            for _ in range(room + 1):
+                found = data.find(b"\r\n\r\n", start)
+                if found < 0:
+                    break
+                cut = found + 3  # before its last byte: that head does not end in this piece
+                start = found + 18
+            else:
+                data, piece = data[cut:], data[:cut]
+                self._feed(piece)
+                continue
+            self._feed(data)
+            return
+
+    def _feed(self, piece: bytes) -> None:
+        messages, parsing, in_head = self._messages, self._parsing, self._in_head
+        try:
+            self._parser.feed_data(piece)
+        except httptools.HttpParserUpgrade:
+            self._end_of_input()
+            return
+        except httptools.HttpParserError as exc:
+            status, message = self._refusal or (400, f"Bad Request: not valid HTTP/1.1 ({exc})")
+            self._refuse(status, message)
+            return
+        if messages != self._messages:
+            return
+        if in_head and self._in_head:
+            # All of it inside a head begun before it and still incomplete.
+            self._head_bytes += len(piece)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._refuse(431, f"Request Header Fields Too Large: at most {MAX_HEADER_BYTES} bytes")
+        elif parsing is not None and parsing is self._parsing:
+            # All of it inside one request's body (its chunk framing and trailer included).
+            parsing._wired(len(piece))
+
+    def _dispatch(self) -> None:
+        """After a read: the next request's handler if none runs, or the connection's end."""
+        if self.task is not None or self._lost:
+            return
+        if self._queue:
+            self._next()
+        elif self._pending is not None:
+            self._answer_pending()
+        elif self._no_more_input:
+            self._close()
+
+    def _resume(self) -> None:
+        """The queue has room again: what was read ahead is parsed, then reading resumes."""
+        if not self._reading_paused or self._no_more_input or self._closing:
+            return
+        backlog, self._backlog = self._backlog, b""
+        if backlog:
+            self._parse(backlog)
+            self._dispatch()
+        if not (self._backlog or self._no_more_input or self._closing) and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
     # ------------------------------------------------------------ llhttp callbacks
     def on_message_begin(self) -> None:
         self._messages += 1
         self._url.clear()
         self._fields = []
+        self._field_bytes = 0
         self._head_bytes = 0
         self._in_head = True
+        self._head_deadline = self._loop.time() + HEAD_TIMEOUT_SECONDS
         self._arm(HEAD_TIMEOUT_SECONDS)
 
     def on_url(self, url: bytes) -> None:
@@ -366,9 +532,10 @@ class _Connection(asyncio.Protocol):
             raise ValueError("target too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # (A chunked body's trailer fields come here too, counted with the head's.)
         fields = self._fields
-        self._head_bytes += len(name) + len(value)
-        if len(fields) >= MAX_HEADERS or self._head_bytes > MAX_HEADER_BYTES:
+        self._field_bytes += len(name) + len(value)
+        if len(fields) >= MAX_HEADERS or self._field_bytes > MAX_HEADER_BYTES:
             self._refusal = (
                 431,
                 f"Request Header Fields Too Large: at most {MAX_HEADERS} fields, {MAX_HEADER_BYTES} bytes",
@@ -382,31 +549,41 @@ class _Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        parser = self._parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            # llhttp takes HTTP/0.9 (no version) and 2.0 too.
+            self._refusal = (505, f"HTTP Version Not Supported: HTTP/{version}")
+            raise ValueError("version")
         target = self._url.decode("utf-8", "surrogateescape")
         if not target.startswith("/"):
             # Absolute form (a proxy's), authority form (CONNECT) and `*`: not for this server.
             self._refusal = (400, "Bad Request: the request target must be a path")
             raise ValueError("not origin-form")
-        parser = self._parser
         request = Request(
             self,
             parser.get_method().decode("ascii"),
             target,
-            parser.get_http_version(),
+            version,
             CIMultiDict(self._fields),
             # llhttp answers this only inside its callbacks.
             parser.should_keep_alive(),
         )
+        if version == "1.1" and "Host" not in request.headers:
+            # RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host.
+            self._refusal = (400, "Bad Request: an HTTP/1.1 request needs a Host header")
+            raise ValueError("host")
         expect = request.headers.get("Expect")
         if expect is not None and expect.lower() != "100-continue":
             self._refusal = (417, "Expectation Failed: only 100-continue is understood")
             raise ValueError("expectation")
         self._parsing = request
+        # Queued, not started: its handler starts once the read is parsed (`_dispatch`), as
+        # llhttp may yet refuse the request (a Transfer-Encoding other than chunked is refused
+        # after this callback) and a refused request must never reach the handler.
         self._queue.append(request)
-        if len(self._queue) > MAX_QUEUED:
-            self._pause_reading()
-        if self.task is None:
-            self._next()
+        if request._too_large:
+            self._discard()
 
     def on_body(self, body: bytes) -> None:
         if self._parsing is not None:
@@ -422,17 +599,15 @@ class _Connection(asyncio.Protocol):
     def _next(self) -> None:
         request = self._queue.popleft()
         if self._reading_paused and not self._no_more_input and len(self._queue) <= MAX_QUEUED // 2:
-            self._reading_paused = False
-            if self.transport is not None:
-                self.transport.resume_reading()
+            self._loop.call_soon(self._resume)
         self._current = request
         self.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
         try:
             try:
-                response = await self.server.handler(request)
-            except (BodyTooLarge, BodyTimeout) as exc:
+                response: Answer = await self.server.handler(request)
+            except (BodyTooLarge, BodyTimeout, BodyInvalid, ServerBusy) as exc:
                 response = _plain_error(exc)
             except (asyncio.CancelledError, ConnectionResetError):
                 raise
@@ -440,22 +615,49 @@ class _Connection(asyncio.Protocol):
                 log.error(
                     "http_handler_failed", error=f"{type(exc).__name__}: {exc}", path=request.path[:200]
                 )
-                response = Response(
-                    status=500, body=_error_body("Internal Server Error"), content_type="application/json"
-                )
-                request.keep_alive = False
-            if isinstance(response, StreamResponse):
-                if not response.prepared:
-                    await response.prepare(request)
+                response = _internal_error(request)
+            if isinstance(response, StreamResponse) and response.prepared:
                 await response.write_eof()
+            elif request._answered:
+                # The handler failed after its stream's head went out: no second answer can
+                # follow, and no zero chunk either, so the client sees the stream cut short.
+                self._close()
+                return
             else:
-                self.write_head(request, response.status, response.headers, response.body)
+                try:
+                    if isinstance(response, StreamResponse):
+                        await response.prepare(request)
+                        await response.write_eof()
+                    else:
+                        self.write_head(request, response.status, response.headers, response.body)
+                except ConnectionResetError:
+                    raise
+                except Exception as exc:
+                    # Refused before a byte was written (a header with a line break in it): the
+                    # client still gets an answer, and the connection is not left waiting.
+                    log.error(
+                        "http_response_failed", error=f"{type(exc).__name__}: {exc}", path=request.path[:200]
+                    )
+                    if request._answered:
+                        self._close()
+                        return
+                    response = _internal_error(request)
+                    self.write_head(request, response.status, response.headers, response.body)
+            # Nothing more is answered until the client takes this answer: one that pipelines
+            # requests and reads no answer would have them all held here, without bound.
+            await self.drain()
         except ConnectionResetError:
             self._close()
             return
+        except asyncio.CancelledError:
+            # (The client went away, or the server is closing; or a handler let a cancellation
+            # of its own escape: the connection, left unanswered, must not stay open for ever.)
+            self._close()
+            raise
         finally:
             self.task = None
             self._current = None
+            request._release()
         if self._lost:
             return
         if not request.keep_alive or self._closing or not request._complete:
@@ -464,24 +666,37 @@ class _Connection(asyncio.Protocol):
             self._close()
         elif self._queue:
             self._next()
+        elif self._pending is not None:
+            self._answer_pending()
         elif self._no_more_input:
             self._close()
-        elif self._parsing is None and not self._in_head:
+        elif self._in_head:
+            # A head begun while the handler ran: its timer may have run out meanwhile (and
+            # could not close a connection with a handler running).
+            self._arm(max(self._head_deadline - self._loop.time(), 0.0))
+        elif self._parsing is None:
             self._arm(KEEPALIVE_SECONDS)
 
     def write_head(self, request: Request, status: int, headers: dict[str, str], body: bytes | None) -> bool:
         """The status line and headers, and the whole body unless `body` is None. With None the
         body follows in pieces: True when they must be framed as chunks (HTTP/1.1)."""
-        if self._lost or self.transport is None:
+        if self._lost or self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the client went away")
         chunked = body is None and request.version == "1.1"
         if body is None and not chunked:
             request.keep_alive = False  # HTTP/1.0: the body ends with the connection
-        if self._closing or (self._no_more_input and not self._queue):
-            request.keep_alive = False
+        if (
+            self._closing
+            or self.server.closing
+            # (its body still to come: not looked for, the connection ends with the answer)
+            or not request._complete
+            or (self._no_more_input and not self._queue and not self._pending)
+        ):
+            request.keep_alive = False  # the last answer on this connection
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
         for name, value in headers.items():
-            if any(c in name for c in "\r\n:") or any(c in value for c in "\r\n"):
+            # NUL too (RFC 9110 5.5: CR, LF and NUL are never valid in a field).
+            if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
                 raise ValueError(f"response header {name!r} holds a character a header cannot carry")
             lines.append(f"{name}: {value}")
         if body is not None:
@@ -490,15 +705,20 @@ class _Connection(asyncio.Protocol):
             lines.append("Transfer-Encoding: chunked")
         if not request.keep_alive:
             lines.append("Connection: close")
+        elif request.version == "1.0":
+            # An HTTP/1.0 connection is kept only when the answer says so (RFC 9112 9.3).
+            lines.append("Connection: keep-alive")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         if body and request.method != "HEAD":
             self.transport.write(head + body)
         else:
             self.transport.write(head)
+        request._answered = True
         return chunked
 
     def write(self, data: bytes) -> None:
-        if self._lost or self.transport is None:
+        if self._lost or self.transport is None or self.transport.is_closing():
+            # (A transport being closed drops what is written to it, silently.)
             raise ConnectionResetError("the client went away")
         self.transport.write(data)
 
@@ -514,24 +734,44 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ internals
     def _refuse(self, status: int, message: str) -> None:
-        """A request the parser cannot go on with: answered unless a handler is writing, then closed."""
-        self._closing = True
+        """A request the parser cannot go on with: nothing more is read; it is answered after the
+        requests parsed before it (the one being read, if its handler runs, through read()),
+        then the connection closed."""
+        self._no_more_input = True
+        self._backlog = b""
         self._pause_reading()
-        self._queue.clear()
-        if self.task is None and self.transport is not None and not self._lost:
+        bad, self._parsing = self._parsing, None
+        if bad is not None:
+            if bad is self._current:
+                bad._fail(status, message)
+                return
+            if self._queue and self._queue[-1] is bad:
+                self._queue.pop()
+            bad._release()
+        self._pending = (status, message)
+
+    def _answer_pending(self) -> None:
+        assert self._pending is not None
+        status, message = self._pending
+        self._pending = None
+        if self.transport is not None and not self._lost and not self.transport.is_closing():
             body = _error_body(message)
             head = (
                 f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
             self.transport.write(head.encode() + body)
-            self._close()
+        self._close()
+
+    def _discard(self) -> None:
+        """A body over the limit: the rest of the input is read and dropped, not parsed."""
+        self._no_more_input = True
+        self._backlog = b""
 
     def _end_of_input(self) -> None:
         self._no_more_input = True
+        self._backlog = b""
         self._pause_reading()
-        if self.task is None and not self._queue:
-            self._close()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self._lost:
@@ -564,21 +804,37 @@ class _Connection(asyncio.Protocol):
         return task
 
 
-def _plain_error(exc: BodyTooLarge | BodyTimeout) -> Response:
+def _plain_error(exc: BodyTooLarge | BodyTimeout | BodyInvalid | ServerBusy) -> Response:
+    if isinstance(exc, ServerBusy):
+        body = _error_body(f"Service Unavailable: {exc}; retry later")
+        return Response(status=503, body=body, content_type="application/json", headers={"Retry-After": "1"})
     if isinstance(exc, BodyTooLarge):
         status, message = 413, f"Content Too Large: at most {exc.limit} bytes"
+    elif isinstance(exc, BodyInvalid):
+        status, message = exc.status, str(exc)
     else:
         status, message = 408, f"Request Timeout: {exc}"
     return Response(status=status, body=_error_body(message), content_type="application/json")
 
 
+def _internal_error(request: Request) -> Response:
+    request.keep_alive = False
+    return Response(status=500, body=_error_body("Internal Server Error"), content_type="application/json")
+
+
 class HttpServer:
     """`handler` served on any number of listening sockets (TCP or unix)."""
 
-    def __init__(self, handler: Handler, *, max_body: int) -> None:
+    def __init__(self, handler: Handler, *, max_body: int, max_held: int | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
+        # Request body bytes held at once, across connections (`max_held`: by default room for
+        # four bodies at the limit, and at least 64 MiB).
+        self.max_held = max_held if max_held is not None else max(4 * max_body, 64 << 20)
+        self.held = 0
         self.connections: set[_Connection] = set()
+        # close() has begun: answers say `Connection: close`.
+        self.closing = False
         self._servers: list[asyncio.Server] = []
 
     async def listen(self, host: str, port: int) -> int:
@@ -602,6 +858,7 @@ class HttpServer:
 
     async def close(self, timeout: float = 1.0) -> None:
         """No new connections; handlers still running get `timeout` seconds, then are cancelled."""
+        self.closing = True
         for server in self._servers:
             server.close()
         busy = [c for c in self.connections if c.task is not None]
