@@ -51,6 +51,7 @@ def short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setattr(http_server, "BODY_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setattr(http_server, "KEEPALIVE_SECONDS", 2.0)
+    monkeypatch.setattr(http_server, "WRITE_TIMEOUT_SECONDS", 2.0)
 
 
 # ---------------------------------------------------------------------------- the test's side
@@ -1164,6 +1165,34 @@ async def test_pipelined_answers_wait_for_a_client_that_does_not_read() -> None:
         for i in range(total):
             assert (await read_reply(reader)).body.rstrip(b".") == f"/{i}".encode()
         assert calls == total
+
+
+@on_uvloop
+async def test_a_client_that_reads_nothing_for_the_write_timeout_is_disconnected() -> None:
+    chunk = b"x" * 65536
+    outcome: list[str] = []
+
+    async def handler(request: Request) -> StreamResponse:
+        response = StreamResponse()
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(chunk)
+        except ConnectionResetError as exc:
+            outcome.append(str(exc))
+            raise
+
+    async with serving(handler) as (server, connect):
+        _, writer = await connect()
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        writer.transport.pause_reading()  # the client reads nothing, ever
+        writer.write(get("/"))
+        for _ in range(400):
+            if outcome and not server.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert outcome and "read nothing" in outcome[0]
+        assert not server.connections  # its connection (and what was buffered for it) is gone
 
 
 # ---------------------------------------------------------------------------- closing the server

@@ -57,6 +57,9 @@ HEAD_TIMEOUT_SECONDS = 30.0
 BODY_TIMEOUT_SECONDS = 60.0
 #: An idle keep-alive connection is closed after this.
 KEEPALIVE_SECONDS = 75.0
+#: A client that takes none of what is waiting for it for this long is disconnected: it would
+#: otherwise hold its connection, and what is buffered for it, for ever.
+WRITE_TIMEOUT_SECONDS = 60.0
 #: Pipelined requests parsed ahead of the one being answered; then reading pauses.
 MAX_QUEUED = 8
 
@@ -730,7 +733,13 @@ class _Connection(asyncio.Protocol):
         drain = self._drain
         if drain is None or drain.done():
             drain = self._drain = self._loop.create_future()
-        await drain
+        try:
+            async with asyncio.timeout(WRITE_TIMEOUT_SECONDS):
+                await drain
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+            raise ConnectionResetError(f"the client read nothing for {WRITE_TIMEOUT_SECONDS:g} s") from None
 
     # ------------------------------------------------------------ internals
     def _refuse(self, status: int, message: str) -> None:
@@ -800,7 +809,8 @@ class _Connection(asyncio.Protocol):
         if task is not None:
             task.cancel()
         if self.transport is not None:
-            self.transport.close()
+            # Not close(): that waits to flush what a client that reads nothing never takes.
+            self.transport.abort()
         return task
 
 
