@@ -364,7 +364,9 @@ DEFAULT_REDACTOR = build_redactor(builtin=True, disable=(), patterns=(), output_
 # --------------------------------------------------------------- values
 
 
-def redact_value(value: Any, pset: PatternSet, path: str, findings: list[Finding]) -> Any:
+def redact_value(
+    value: Any, pset: PatternSet, path: str, findings: list[Finding], *, skip_binary: bool = False
+) -> Any:
     """Every string at any depth; containers are copied only where something changed.
 
     Keys are left alone (a key is structure, and changing it would change
@@ -378,20 +380,26 @@ def redact_value(value: Any, pset: PatternSet, path: str, findings: list[Finding
             findings.append(Finding(path, name, n))
         return new
     if t is dict:
+        # With `skip_binary` (a server's output): an image's or audio's `data` and a resource's
+        # `blob` are base64, not text a model reads; a replacement inside them would corrupt them.
+        binary = skip_binary and "mimeType" in value and value.get("type") in ("image", "audio")
         out: dict[str, Any] | None = None
         for k, v in value.items():
-            if type(v) in (str, dict, list):
-                nv = redact_value(v, pset, f"{path}{_key(k)}", findings)
-                if nv is not v:
-                    if out is None:
-                        out = dict(value)
-                    out[k] = nv
+            if type(v) not in (str, dict, list):
+                continue
+            if skip_binary and ((binary and k == "data") or (k == "blob" and type(v) is str)):
+                continue
+            nv = redact_value(v, pset, f"{path}{_key(k)}", findings, skip_binary=skip_binary)
+            if nv is not v:
+                if out is None:
+                    out = dict(value)
+                out[k] = nv
         return value if out is None else out
     if t is list:
         lst: list[Any] | None = None
         for i, v in enumerate(value):
             if type(v) in (str, dict, list):
-                nv = redact_value(v, pset, f"{path}[{i}]", findings)
+                nv = redact_value(v, pset, f"{path}[{i}]", findings, skip_binary=skip_binary)
                 if nv is not v:
                     if lst is None:
                         lst = list(value)
@@ -422,40 +430,8 @@ def redact_arguments(pset: PatternSet, arguments: dict[str, Any]) -> tuple[dict[
 
 def redact_output(value: Any, pset: PatternSet, path: str, findings: list[Finding]) -> Any:
     """Every string a server sent, at any depth (a result's content and `_meta`, a link's
-    description, an error's message and data, a notification's text), except binary payloads: an
-    image's or audio's `data` and a resource's `blob` are base64, not text a model reads, and
-    rewriting a match inside them would corrupt them. Containers are copied only where something
-    changed."""
-    t = type(value)
-    if t is str:
-        return redact_value(value, pset, path, findings)
-    if t is dict:
-        binary = "mimeType" in value and value.get("type") in ("image", "audio")
-        out: dict[str, Any] | None = None
-        for k, v in value.items():
-            if (
-                type(v) not in (str, dict, list)
-                or (binary and k == "data")
-                or (k == "blob" and type(v) is str)
-            ):
-                continue
-            nv = redact_output(v, pset, f"{path}{_key(k)}", findings)
-            if nv is not v:
-                if out is None:
-                    out = dict(value)
-                out[k] = nv
-        return value if out is None else out
-    if t is list:
-        lst: list[Any] | None = None
-        for i, v in enumerate(value):
-            if type(v) in (str, dict, list):
-                nv = redact_output(v, pset, f"{path}[{i}]", findings)
-                if nv is not v:
-                    if lst is None:
-                        lst = list(value)
-                    lst[i] = nv
-        return value if lst is None else lst
-    return value
+    description, an error's message and data, a notification's text), except binary payloads."""
+    return redact_value(value, pset, path, findings, skip_binary=True)
 
 
 # ------------------------------------------------------- schema checks
