@@ -786,7 +786,7 @@ async def test_a_head_that_does_not_complete_in_time_is_cut_off(monkeypatch: pyt
                 writer.write(b"X")
                 await asyncio.sleep(0.05)
         assert await asyncio.wait_for(ended, WAIT) == b""
-        assert 0.25 <= time.monotonic() - start < 1.0
+        assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
         # on a kept connection, the next head too (not only the idle connection's timer)
         monkeypatch.setattr(http_server, "KEEPALIVE_SECONDS", 5.0)
         reader, writer = await connect()
@@ -796,12 +796,12 @@ async def test_a_head_that_does_not_complete_in_time_is_cut_off(monkeypatch: pyt
         start = time.monotonic()
         writer.write(b"GET / HTTP/1.1\r\nHost: test\r\nX-Slow: ")
         assert await closed(reader, timeout=1.0)
-        assert 0.25 <= time.monotonic() - start < 1.0
+        assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
         # and a connection that sends nothing at all
         reader, writer = await connect()
         start = time.monotonic()
         assert await closed(reader)
-        assert 0.25 <= time.monotonic() - start < 1.0
+        assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
     assert seen.requests == ["GET /"]
 
 
@@ -832,7 +832,7 @@ async def test_a_body_that_stalls_is_408(monkeypatch: pytest.MonkeyPatch) -> Non
         start = time.monotonic()
         writer.write(b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\nabc")
         reply = await read_reply(reader)
-        assert 0.25 <= time.monotonic() - start < 1.5
+        assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
         assert reply.status == 408 and reply.header("Connection") == "close"
         assert reply.json()["error"]["message"].startswith("Request Timeout")
         assert await closed(reader)
@@ -849,7 +849,7 @@ async def test_an_idle_keep_alive_connection_is_closed(monkeypatch: pytest.Monke
         assert (await read_reply(reader)).status == 200
         start = time.monotonic()
         assert await closed(reader)
-        assert 0.25 <= time.monotonic() - start < 1.5
+        assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
         await asyncio.sleep(0.05)
         assert not server.connections
 
@@ -1226,7 +1226,7 @@ async def test_close_cancels_a_running_handler_after_its_timeout_and_closes_conn
     assert await closed(idle_reader, timeout=0.2)  # the idle one at once
     assert seen.outcomes == []
     await asyncio.wait_for(closing, WAIT)
-    assert 0.25 <= time.monotonic() - start < 1.5
+    assert 0.25 <= time.monotonic() - start < 1.9  # under 2 s: the patched timer, not the default
     assert seen.outcomes == ["cancelled"]
     assert await closed(busy_reader, timeout=1.0)
     assert not server.connections
