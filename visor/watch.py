@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -288,7 +289,11 @@ def watch(
     follow: bool,
     events: frozenset[str] = _SHOWN,
     interval: float = 0.2,
+    on_ready: Callable[[], None] | None = None,
 ) -> int:
+    """`on_ready` is called once the logs' current ends are known: a record written after it is
+    shown when following (one written between a "watching" line and that point would be taken
+    for history and, without `since`, skipped)."""
     from visor import display
 
     follower = _Follower(folder)
@@ -310,6 +315,8 @@ def watch(
 
     try:
         first = follower.poll()
+        if on_ready is not None:
+            on_ready()
         if since is not None or not follow:
             emit(first, history=True)
         while follow:
@@ -344,13 +351,16 @@ def cmd_watch(args: argparse.Namespace) -> int:
             )
             return 2
     folder = audit_dir()
-    if args.follow:
-        print(f"watching {folder} (Ctrl-C to stop)", file=sys.stderr)
+
+    def ready() -> None:
+        if args.follow:
+            print(f"watching {folder} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+
     events = (
         _SHOWN if not args.verdict else frozenset(v for item in args.verdict for v in item.split(",") if v)
     )
     try:
-        watch(folder, sys.stdout, since=since, follow=args.follow, events=events)
+        watch(folder, sys.stdout, since=since, follow=args.follow, events=events, on_ready=ready)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

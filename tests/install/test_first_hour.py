@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
@@ -149,6 +150,9 @@ def test_watch_follows_new_records(tmp_path: Path) -> None:
         w.append({"event": "deny", "server": "mail", "tool": "late_tool", "id": 2, "rule": "r"})
         w.close_sync()
         assert proc.stdout is not None
+        # Bounded: a record the watcher missed must fail the test, not hang the suite.
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "visor watch showed nothing within 30 s of the record"
         line = proc.stdout.readline()
         assert "late_tool" in line and "deny" in line
     finally:
