@@ -52,6 +52,7 @@ def short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_server, "BODY_TIMEOUT_SECONDS", 2.0)
     monkeypatch.setattr(http_server, "KEEPALIVE_SECONDS", 2.0)
     monkeypatch.setattr(http_server, "WRITE_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(http_server, "LINGER_SECONDS", 2.0)
 
 
 # ---------------------------------------------------------------------------- the test's side
@@ -1315,3 +1316,30 @@ async def test_bodies_held_across_connections_are_bounded_and_freed_when_a_clien
         second_w.close()
     finally:
         await server.close(timeout=0.2)
+
+
+@on_uvloop
+async def test_an_answer_before_the_body_lets_the_client_finish_sending_and_read_it() -> None:
+    # A refusal by the headers (a session that does not exist) goes out before the body: the rest
+    # of the body is read and dropped, so a client that sends its headers and body in two writes
+    # reads the answer, not a broken pipe. (Found in a CI run: http.client got EPIPE.)
+    async def handler(request: Request) -> Response:
+        return Response(status=404, body=b"{}", content_type="application/json")
+
+    async with serving(handler) as (server, connect):
+        reader, writer = await connect()
+        writer.write(b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 300000\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        for _ in range(30):
+            writer.write(b"x" * 10000)
+            await writer.drain()
+        reply = await read_reply(reader)
+        assert reply.status == 404 and reply.header("Connection") == "close"
+        assert await closed(reader)
+        assert server.held == 0
+        # One that never sends its body is closed after the linger time, not kept.
+        reader, writer = await connect()
+        writer.write(b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\n")
+        assert (await read_reply(reader)).status == 404
+        assert await closed(reader, timeout=4)

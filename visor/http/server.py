@@ -55,6 +55,8 @@ MAX_HEADERS = 128
 HEAD_TIMEOUT_SECONDS = 30.0
 #: How long `Request.read()` waits for the rest of a body; a slower client gets 408.
 BODY_TIMEOUT_SECONDS = 60.0
+#: How long the rest of a body answered before it arrived is read (and dropped) before closing.
+LINGER_SECONDS = 2.0
 #: An idle keep-alive connection is closed after this.
 KEEPALIVE_SECONDS = 75.0
 #: A client that takes none of what is waiting for it for this long is disconnected: it would
@@ -107,6 +109,7 @@ class Request:
         "_complete",
         "_conn",
         "_continue",
+        "_discarding",
         "_invalid",
         "_kept",
         "_lost",
@@ -151,6 +154,7 @@ class Request:
         self._wire = 0
         self._complete = False
         self._kept = 0
+        self._discarding = False
         self._overloaded = False
         self._too_large = False
         if self.content_length is not None and self.content_length > conn.server.max_body:
@@ -211,7 +215,7 @@ class Request:
         if self._size > server.max_body:
             self._overflow()
             return
-        if self._overloaded:
+        if self._overloaded or self._discarding:
             return
         if server.held + len(data) > server.max_held:
             # Many clients each sending a body just under the limit (and holding it) must not
@@ -225,6 +229,23 @@ class Request:
         server.held += len(data)
         self._kept += len(data)
         self._chunks.append(data)
+
+    async def _drain_body(self) -> None:
+        """Its answer went out before its body arrived (refused by its headers): the rest is read
+        and dropped, for up to `LINGER_SECONDS`, so that the client finishes sending and reads the
+        answer instead of a broken pipe. The connection is closed after it all the same."""
+        self._discarding = True
+        self._release()
+        if self._complete or self._lost or self._too_large:
+            return
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(LINGER_SECONDS):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            self._waiter = None
 
     def _release(self) -> None:
         """The body's bytes are no longer held here (answered, refused, or the client is gone)."""
@@ -649,6 +670,8 @@ class _Connection(asyncio.Protocol):
             # Nothing more is answered until the client takes this answer: one that pipelines
             # requests and reads no answer would have them all held here, without bound.
             await self.drain()
+            if not request._complete and not (request._too_large or request._overloaded or request._invalid):
+                await request._drain_body()
         except ConnectionResetError:
             self._close()
             return
