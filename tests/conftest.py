@@ -144,12 +144,13 @@ def recorder_log(tmp_path: Path) -> Path:
     return tmp_path / "received.jsonl"
 
 
-@pytest.fixture
-def visor(recorder_log: Path) -> Iterator[VisorProcess]:
+def recorder_visor(recorder_log: Path, prelude: str | None = None) -> Iterator[VisorProcess]:
+    """A real visor run in front of the recorder, its tools listed; killed after."""
     vp = VisorProcess(
         [sys.executable, str(RECORDER)],
         env={"RECORDER_LOG": str(recorder_log)},
         visor_args=["--audit-log", str(recorder_log.parent / "audit.jsonl")],
+        prelude=prelude,
     )
     # List the tools first, as a client does: the default policy pins them,
     # and denies calls made before any listing. Then forget that traffic.
@@ -158,6 +159,11 @@ def visor(recorder_log: Path) -> Iterator[VisorProcess]:
     recorder_log.write_bytes(b"")
     yield vp
     vp.kill()
+
+
+@pytest.fixture
+def visor(recorder_log: Path) -> Iterator[VisorProcess]:
+    yield from recorder_visor(recorder_log)
 
 
 def received(path: Path) -> list[bytes]:

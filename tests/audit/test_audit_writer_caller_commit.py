@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -28,7 +27,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import RECORDER, VisorProcess
+from tests.conftest import VisorProcess, recorder_visor
 from tests.observing import until
 from visor.audit import writer as writer_mod
 from visor.audit.verify import verify_path
@@ -73,17 +72,7 @@ def _any_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def visor(recorder_log: Path) -> Iterator[VisorProcess]:
     """conftest's `visor` (the recorder behind a real visor run, tools listed), with ANY_DISK."""
-    vp = VisorProcess(
-        [sys.executable, str(RECORDER)],
-        env={"RECORDER_LOG": str(recorder_log)},
-        visor_args=["--audit-log", str(recorder_log.parent / "audit.jsonl")],
-        prelude=ANY_DISK,
-    )
-    vp.request({"jsonrpc": "2.0", "id": "setup-list", "method": "tools/list"})
-    assert "tools" in vp.recv()["result"]
-    recorder_log.write_bytes(b"")
-    yield vp
-    vp.kill()
+    yield from recorder_visor(recorder_log, prelude=ANY_DISK)
 
 
 def with_writer(

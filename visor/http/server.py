@@ -842,7 +842,7 @@ def _plain_error(exc: BodyTooLarge | BodyTimeout | BodyInvalid | ServerBusy) -> 
         body = _error_body(f"Service Unavailable: {exc}; retry later")
         return Response(status=503, body=body, content_type="application/json", headers={"Retry-After": "1"})
     if isinstance(exc, BodyTooLarge):
-        status, message = 413, f"Content Too Large: at most {exc.limit} bytes"
+        status, message = 413, f"Payload Too Large: at most {exc.limit} bytes"
     elif isinstance(exc, BodyInvalid):
         status, message = exc.status, str(exc)
     else:
@@ -886,8 +886,7 @@ class HttpServer:
         self._servers.append(await loop.create_unix_server(self._protocol, path, backlog=1024))
 
     def _protocol(self) -> _Connection:
-        conn = _Connection(self)
-        return conn
+        return _Connection(self)
 
     async def close(self, timeout: float = 1.0) -> None:
         """No new connections; handlers still running get `timeout` seconds, then are cancelled."""

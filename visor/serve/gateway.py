@@ -28,7 +28,7 @@ import orjson
 
 from visor.audit import events as audit_events
 from visor.http.bodies import classify_body
-from visor.http.server import Answer, BodyTooLarge, Request, Response, StreamResponse, json_response
+from visor.http.server import Answer, Request, Response, StreamResponse, json_response
 from visor.logs import get_logger
 from visor.serve.metrics import CONTENT_TYPE, SNAPSHOT_QUERY, GatewayMetrics
 from visor.serve.metrics import render as render_metrics
@@ -474,12 +474,6 @@ class Gateway:
                 errors.INVALID_REQUEST,
                 "Unsupported Media Type: the body must not be compressed (Content-Encoding)",
             )
-        if request.content_length is not None and request.content_length > self.config.max_message_bytes:
-            return _error(
-                413,
-                errors.INVALID_REQUEST,
-                f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
-            )
         sid = request.headers.get(SESSION_HEADER)
         session: McpSession | None = None
         if sid is not None:
@@ -488,14 +482,8 @@ class Gateway:
             if isinstance(found, Response):
                 return found
             session = found
-        try:
-            body = await request.read()
-        except BodyTooLarge:
-            return _error(
-                413,
-                errors.INVALID_REQUEST,
-                f"Payload Too Large: at most {self.config.max_message_bytes} bytes",
-            )
+        # Over --max-message-bytes (declared or counted), read() raises and the server answers 413.
+        body = await request.read()
         msg = classify_body(body, from_client=True)
         if isinstance(msg, Rejected):
             if session is not None:

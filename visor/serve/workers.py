@@ -157,9 +157,8 @@ class Forwarder:
     that worker's unix socket and its answer streamed back unchanged (status, headers, body, SSE
     events as they come). None: serve the request here."""
 
-    def __init__(self, spec: WorkerSpec, max_body: int, shared_state: bool) -> None:
+    def __init__(self, spec: WorkerSpec, shared_state: bool) -> None:
         self._spec = spec
-        self._max_body = max_body
         self._shared_state = shared_state
         self._clients: dict[int, ClientSession] = {}
 
@@ -199,15 +198,14 @@ class Forwarder:
             owner = owner_of(sid) if sid is not None else None
         if owner is None or owner == self._spec.index:
             return None
-        if request.content_length is not None and request.content_length > self._max_body:
-            return None  # refused here (413) as the owner would refuse it
         headers = CIMultiDict(
             (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP_AND_LENGTH
         )
         url = URL.build(
             scheme="http", host="worker", path=request.path, query_string=request.query_string, encoded=True
         )
-        # Read here (up to the body limit; the server answers 413 past it), then sent whole.
+        # Read here, then sent whole: a body over the limit is refused where it arrives (read()
+        # raises, the server answers 413), as the owner would refuse it.
         body = await request.read() if request.body_exists else None
         try:
             upstream = await self._client(owner).request(
@@ -327,9 +325,7 @@ class Worker:
 
     def attach(self, gateway: Gateway) -> None:
         gateway.sid_suffix = f"-{self.spec.index}"
-        self._forwarder = Forwarder(
-            self.spec, gateway.config.max_message_bytes, shared_state=gateway.state is not None
-        )
+        self._forwarder = Forwarder(self.spec, shared_state=gateway.state is not None)
         gateway.forward = self._forwarder
         forwarder, token = self._forwarder, gateway.config.token
         gateway.peer_metrics = lambda: forwarder.peer_metrics(token)
