@@ -205,6 +205,25 @@ def tcp_relay(upstream: str) -> Iterator[Running]:
         _stop(proc)
 
 
+@contextmanager
+def core_floor(upstream: str, tmp: Path) -> Iterator[Running]:
+    """visor.bench.core_floor in front of `upstream`: Visor's judgement behind the least glue."""
+    host, _, port = upstream.removeprefix("http://").partition("/")[0].rpartition(":")
+    policy = tmp / "http-bench-policy.yaml"
+    policy.write_text(POLICY)
+    sock = _free_socket()
+    mine = sock.getsockname()[1]
+    args = [PY, "-m", "visor.bench.core_floor", str(sock.fileno()), host, port]
+    args += [str(policy), str(tmp / "core-floor-audit.jsonl")]
+    env = {**os.environ, "VISOR_HOME": str(tmp / "home")}
+    proc = subprocess.Popen(args, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL, env=env)
+    sock.close()
+    try:
+        yield Running(f"http://127.0.0.1:{mine}/mcp", proc.pid)
+    finally:
+        _stop(proc)
+
+
 # The stdio echo server `visor run`'s rows use: the gateway's own path, with no upstream HTTP hop.
 STDIO_ECHO = [PY, "-m", "visor.bench.echo_server"]
 
@@ -414,6 +433,10 @@ def run(work: Work) -> dict[str, Any]:
             direct = uvloop.run(measure("direct HTTP", up.url, work, cpu_of(None, up.pid)))
             with tcp_relay(up.url) as relay:
                 floor = uvloop.run(measure("raw TCP relay", relay.url, work, cpu_of(relay.pid, up.pid)))
+            with core_floor(up.url, tmp) as least:
+                core = uvloop.run(
+                    measure("Visor's core, least glue", least.url, work, cpu_of(least.pid, up.pid))
+                )
             with gateway(up.url, tmp) as gw:
                 through = uvloop.run(
                     measure("through visor serve --url", gw.url, work, cpu_of(gw.pid, up.pid))
@@ -430,7 +453,7 @@ def run(work: Work) -> dict[str, Any]:
     return {
         "work": asdict(work),
         "fsync_us": fsync_us,
-        "rows": [asdict(direct), asdict(through), asdict(own), asdict(floor)],
+        "rows": [asdict(direct), asdict(through), asdict(own), asdict(floor), asdict(core)],
         "stdio_pipelined_calls_s": stdio,
         # The 100-session figure through the gateway by worker count (1: the row above).
         "sessions_calls_s_by_workers": {"1": through.sessions_calls_s, "2": workers_2},
@@ -441,6 +464,14 @@ def run(work: Work) -> dict[str, Any]:
         # What any process in the middle costs here: the raw TCP relay over direct HTTP.
         "relay_added_p50_us": floor.seq_p50_us - direct.seq_p50_us,
         "sessions_cpu_budget": _budget(through, stdio),
+        # Visor's judgement behind protocol callbacks only (visor.bench.core_floor): what the
+        # targets would read if the gateway's I/O layers cost nothing beyond the parsing.
+        "core_floor": {
+            "added_p50_us": core.seq_p50_us - direct.seq_p50_us,
+            "added_p50_met": core.seq_p50_us - direct.seq_p50_us <= fsync_us + 300,
+            "sessions_vs_stdio_pipelined": core.sessions_calls_s / stdio,
+            "sessions_met": core.sessions_calls_s >= 0.6 * stdio,
+        },
         "targets": {
             "added_p50_us": added,
             "added_p50_limit_us": fsync_us + 300,
@@ -498,6 +529,13 @@ def render(data: dict[str, Any]) -> str:
     )
     lines.append(
         f"any process in the middle (raw TCP relay over direct HTTP), p50: +{data['relay_added_p50_us']:.0f} µs"
+    )
+    least = data["core_floor"]
+    lines.append(
+        f"Visor's core behind the least glue (protocols only, ideal group commit): p50 "
+        f"+{least['added_p50_us']:.0f} µs ({'within' if least['added_p50_met'] else 'over'} the target), "
+        f"100 sessions {least['sessions_vs_stdio_pipelined']:.0%} of stdio pipelined "
+        f"({'within' if least['sessions_met'] else 'under'} the target)"
     )
     t = data["targets"]
     lines.append(f"stdio visor run pipelined, same run: {data['stdio_pipelined_calls_s']:.0f} calls/s")
