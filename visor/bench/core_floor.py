@@ -55,7 +55,10 @@ SERVER_NAME = "bench"
 
 
 class AuditLog:
-    """One chained log for every session, as the gateway's; allows are fsync'd a turn at a time."""
+    """One chained log for every session, as the gateway's. The allows of a turn are fsync'd
+    together: on the loop's thread when nothing else could run meanwhile (no request is out to the
+    upstream), else on a thread while the loop goes on, the allows of later turns then waiting for
+    the next fsync (group commit)."""
 
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -65,6 +68,9 @@ class AuditLog:
         self.lines: list[bytes] = []
         self.waiting: list[tuple[Session, CommitRecord, int]] = []
         self.scheduled = False
+        self.syncing = False
+        # Requests out to the upstream, across sessions: answers that could be judged meanwhile.
+        self.out = 0
 
     def add(self, event: dict[str, Any]) -> int:
         self.seq += 1
@@ -81,12 +87,31 @@ class AuditLog:
 
     def flush(self) -> None:
         self.scheduled = False
-        lines, self.lines = self.lines, []
-        os.write(self.fd, b"".join(lines))
-        if not self.waiting:
+        if self.lines:
+            lines, self.lines = self.lines, []
+            os.write(self.fd, b"".join(lines))
+        if not self.waiting or self.syncing:
             return
         waiting, self.waiting = self.waiting, []
-        os.fdatasync(self.fd)
+        if self.out == 0:
+            os.fdatasync(self.fd)
+            self._done(waiting)
+            return
+        self.syncing = True
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, os.fdatasync, self.fd).add_done_callback(
+            lambda done: self._synced(done, waiting)
+        )
+
+    def _synced(self, done: asyncio.Future[None], waiting: list[tuple[Session, CommitRecord, int]]) -> None:
+        self.syncing = False
+        done.result()  # a failed fsync ends the measurement loudly, never reports a call durable
+        self._done(waiting)
+        if self.waiting and not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def _done(self, waiting: list[tuple[Session, CommitRecord, int]]) -> None:
         for session, action, seq in waiting:
             session.perform(session.core.handle(CommitDone(action.call, seq)))
 
@@ -116,6 +141,7 @@ class Upstream(asyncio.Protocol):
     def on_message_complete(self) -> None:
         body = b"".join(self.body)
         self.body.clear()
+        self.session.floor.audit.out -= 1
         self.session.idle.append(self)
         if self.parser.get_status_code() == 200:
             self.session.perform(self.session.core.handle(ServerData(body + b"\n")))
@@ -123,6 +149,7 @@ class Upstream(asyncio.Protocol):
 
     def post(self, line: bytes) -> None:
         assert self.transport is not None
+        self.session.floor.audit.out += 1
         head = b"POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n" % self.session.host
         head += b"Accept: application/json, text/event-stream\r\n"
         if self.session.upstream_sid is not None:
