@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import random
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -116,7 +117,8 @@ async def closed(reader: asyncio.StreamReader, *, timeout: float = WAIT) -> bool
     """The server closed the connection (nothing more came before the end)."""
     try:
         rest = await asyncio.wait_for(reader.read(), timeout)
-    except ConnectionResetError:
+    except (ConnectionResetError, BrokenPipeError):
+        # (BrokenPipeError: the client wrote a byte more after the server closed its end.)
         return True
     assert rest == b"", f"bytes after the last answer: {rest[:200]!r}"
     return True
@@ -133,11 +135,17 @@ async def nothing_within(reader: asyncio.StreamReader, seconds: float) -> bool:
 
 @contextlib.asynccontextmanager
 async def serving(
-    handler: Callable[[Request], Awaitable[Any]], *, max_body: int = 1 << 20
+    handler: Callable[[Request], Awaitable[Any]],
+    *,
+    max_body: int = 1 << 20,
+    max_connections: int | None = None,
 ) -> AsyncIterator[
     tuple[HttpServer, Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]]
 ]:
-    server = HttpServer(handler, max_body=max_body)
+    if max_connections is None:
+        server = HttpServer(handler, max_body=max_body)
+    else:
+        server = HttpServer(handler, max_body=max_body, max_connections=max_connections)
     port = await server.listen("127.0.0.1", 0)
     writers: list[asyncio.StreamWriter] = []
 
@@ -627,6 +635,65 @@ async def send_slowly(
         return None, sent
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (up to WAIT) for what the server does after a client's move."""
+    for _ in range(int(WAIT / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the server did not get there in time")
+
+
+@on_uvloop
+async def test_connections_past_max_connections_are_refused_with_503_until_one_ends() -> None:
+    # Before any authentication (the handler's), each connection costs a descriptor and up to a
+    # head's bytes for the head timeout: past the cap a connection is answered 503 and closed.
+    seen = Seen()
+    async with serving(echo(seen), max_connections=3) as (server, connect):
+        idle = [await connect() for _ in range(3)]
+        await until(lambda: len(server.connections) == 3)
+        reader, writer = await connect()
+        reply = await read_reply(reader)
+        assert reply.status == 503
+        assert reply.header("Connection") == "close" and reply.header("Retry-After") == "1"
+        assert reply.json()["error"]["message"] == "Service Unavailable: too many connections; retry later"
+        assert await closed(reader)
+        assert len(server.connections) == 3  # the refused one never counted
+        for i, (r, w) in enumerate(idle):
+            w.write(get(f"/kept{i}"))
+            reply = await read_reply(r)
+            assert reply.status == 200 and reply.json()["path"] == f"/kept{i}"
+        idle[0][1].close()
+        await until(lambda: len(server.connections) == 2)
+        reader, writer = await connect()
+        writer.write(get("/new"))
+        reply = await read_reply(reader)
+        assert reply.status == 200 and reply.json()["path"] == "/new"
+        # at the cap again: the next is refused
+        reader, writer = await connect()
+        assert (await read_reply(reader)).status == 503
+        assert await closed(reader)
+    assert seen.requests == ["GET /kept0", "GET /kept1", "GET /kept2", "GET /new"]
+
+
+def test_the_gateway_connection_limit_follows_its_sessions_within_the_descriptor_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def soft_limit(soft: int) -> None:
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
+
+    soft_limit(1_000_000)
+    # each session's requests in flight and its event stream, and room for clients arriving
+    assert HttpServer.connection_limit(64, 64) == 64 * 65 + 64
+    assert HttpServer.connection_limit(1, 1) == 66
+    soft_limit(resource.RLIM_INFINITY)
+    assert HttpServer.connection_limit(1000, 100) == 1000 * 101 + 64
+    soft_limit(1024)  # half the descriptors at most
+    assert HttpServer.connection_limit(64, 64) == 512
+    soft_limit(20)  # and never fewer than 64
+    assert HttpServer.connection_limit(64, 64) == 64
+
+
 @on_uvloop
 async def test_a_target_over_the_limit_is_414_and_one_at_it_is_served() -> None:
     seen = Seen()
@@ -822,6 +889,154 @@ async def test_a_head_begun_while_a_handler_runs_is_still_timed(monkeypatch: pyt
         writer.write(get("/slow") + b"GET /next HTTP/1.1\r\nHost: test\r\nX-Never: ")
         assert (await read_reply(reader)).body == b"slow"
         assert await closed(reader, timeout=1.0)
+
+
+async def drip(
+    writer: asyncio.StreamWriter, data: bytes, *, until: asyncio.Future[Any] | None = None, pause: float = 0.0
+) -> int:
+    """`data` a byte a write, each its own segment (TCP_NODELAY), the loop turning between them so
+    the server reads them one by one (`pause` seconds apart); stopped early when `until` is done or
+    the connection is gone. The bytes sent."""
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        for i in range(len(data)):
+            if writer.is_closing() or (until is not None and until.done()):
+                break
+            writer.write(data[i : i + 1])
+            sent += 1
+            await writer.drain()
+            await asyncio.sleep(pause)
+            if not pause and i % 64 == 63:
+                await asyncio.sleep(0.001)
+    return sent
+
+
+def counting_reads_and_feeds(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many reads the server's connections took, and how many pieces they gave llhttp."""
+    counts = {"reads": 0, "feeds": 0}
+    received = http_server._Connection.data_received
+    feed = http_server._Connection._feed
+
+    def counting_received(self: Any, data: bytes) -> None:
+        counts["reads"] += 1
+        received(self, data)
+
+    def counting_feed(self: Any, piece: bytes) -> None:
+        counts["feeds"] += 1
+        feed(self, piece)
+
+    monkeypatch.setattr(http_server._Connection, "data_received", counting_received)
+    monkeypatch.setattr(http_server._Connection, "_feed", counting_feed)
+    return counts
+
+
+@on_uvloop
+async def test_a_head_dripped_a_byte_at_a_time_reaches_llhttp_in_a_few_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # llhttp (httptools) grows a partial header name or value by `bytes +=` at each feed: a head
+    # fed a byte at a time would copy O(n^2) bytes (64 KiB: some 2 GB). The server holds a head's
+    # reads back until its end (or a few KiB) has come, so llhttp sees a few pieces of it.
+    counts = counting_reads_and_feeds(monkeypatch)
+    seen = Seen()
+    head = get("/drip", *(f"X-{i}: {'v' * 200}" for i in range(50)))  # about 10 KiB
+    bound = len(head) // 4096 + 2
+    async with serving(echo(seen)) as (_, connect):
+        reader, writer = await connect()
+        for path in ("/drip", "/again"):  # the second on the kept connection: between requests
+            counts["reads"] = counts["feeds"] = 0
+            assert await drip(writer, head.replace(b"/drip", path.encode(), 1)) == len(head) - 5 + len(path)
+            reply = await read_reply(reader)
+            assert reply.status == 200 and reply.json()["path"] == path
+            # Only meaningful when the server did read it in many pieces.
+            if counts["reads"] > 4 * bound:
+                assert counts["feeds"] <= bound, f"{counts['feeds']} pieces of {counts['reads']} reads"
+    assert seen.requests == ["GET /drip", "GET /again"]
+
+
+@pytest.mark.parametrize("shape", ["one value", "many fields"])
+@on_uvloop
+async def test_a_dripped_head_over_max_header_bytes_is_still_431(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = 8 * 1024
+    monkeypatch.setattr(http_server, "MAX_HEADER_BYTES", limit)
+    counts = counting_reads_and_feeds(monkeypatch)
+    seen = Seen()
+    if shape == "one value":
+        head = b"GET / HTTP/1.1\r\nHost: test\r\nX-Big: " + b"v" * (4 * limit)
+    else:
+        head = get("/", *(f"X-{i}: {'v' * 90}" for i in range(MAX_HEADERS - 1)))
+        assert len(head) > 1.2 * limit
+    async with serving(echo(seen)) as (_, connect):
+        reader, writer = await connect()
+        answer = asyncio.ensure_future(read_reply(reader, timeout=8))
+        sent = await drip(writer, head, until=answer)
+        reply = await answer
+        assert reply.status == 431 and reply.json()["error"]["message"].startswith("Request Header Fields")
+        assert reply.header("Connection") == "close"
+        assert await closed(reader)
+        assert sent <= limit + 3 * 4096, f"{sent} bytes of a head taken before the refusal"
+        if counts["reads"] > 100:
+            assert counts["feeds"] <= sent // 4096 + 2
+    assert seen.requests == []
+
+
+@on_uvloop
+async def test_a_dripped_head_that_never_ends_is_cut_off_by_the_head_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The head timer must run while a head's bytes are held back from llhttp, from its first byte:
+    # on a fresh connection, on a kept one after a request (where the idle timer would otherwise
+    # be the one running, far longer), and on one whose handler was busy when the head began.
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(http_server, "KEEPALIVE_SECONDS", 8.0)  # longer than any wait below
+    endless = b"GET / HTTP/1.1\r\nHost: test\r\nX-Slow: " + b"v" * 100_000
+
+    async def handler(request: Request) -> Response:
+        if request.path == "/slow":
+            await asyncio.sleep(0.5)
+        return Response(text=request.path)
+
+    async def answered_then_closed(reader: asyncio.StreamReader, answer: bytes | None) -> bool:
+        if answer is not None:
+            assert (await read_reply(reader)).body == answer
+        return await closed(reader)
+
+    async with serving(handler) as (server, connect):
+        # a fresh connection
+        reader, writer = await connect()
+        ended = asyncio.ensure_future(answered_then_closed(reader, None))
+        assert await drip(writer, endless, until=ended, pause=0.01) > 0
+        assert await ended
+        # a kept connection, idle after its first answer: its idle timer (8 s) is not the one
+        reader, writer = await connect()
+        writer.write(get("/"))
+        assert (await read_reply(reader)).body == b"/"
+        ended = asyncio.ensure_future(answered_then_closed(reader, None))
+        assert await drip(writer, endless, until=ended, pause=0.01) > 0
+        assert await ended
+        # a head begun while the handler before it runs (0.5 s, past the head timeout)
+        reader, writer = await connect()
+        writer.write(get("/slow"))
+        ended = asyncio.ensure_future(answered_then_closed(reader, b"/slow"))
+        assert await drip(writer, endless, until=ended, pause=0.01) > 0
+        assert await ended
+        await until(lambda: not server.connections)
+
+
+@on_uvloop
+async def test_bytes_held_back_from_the_parser_are_freed_when_the_client_leaves() -> None:
+    async with serving(echo(Seen())) as (server, connect):
+        _reader, writer = await connect()
+        await drip(writer, b"GET / HTTP/1.1\r\nHost: test\r\nX-Part: abc")
+        await until(lambda: len(server.connections) == 1)
+        (conn,) = server.connections
+        assert len(conn._gathered) > 0
+        writer.close()
+        await until(lambda: not server.connections)
+        assert len(conn._gathered) == 0
 
 
 @on_uvloop

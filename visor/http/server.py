@@ -15,6 +15,12 @@ handler); measured on this project's machine that was 140-190 µs of CPU per req
   before any of it arrives, bytes past it are not kept, and a chunked body's framing and trailer
   may take no more bytes than the body itself plus `MAX_HEADER_BYTES`); only HTTP/1.0 and 1.1
   are served (505);
+- connections are capped (`max_connections`): one accepted past the cap is answered 503 at once
+  and closed, unparsed; each costs a descriptor and up to a head's bytes for the head timeout,
+  and all that comes before the handler can check who the client is;
+- a head's reads are held back from llhttp until its end (CRLF CRLF) or `HEAD_PIECE_BYTES` has
+  come: llhttp grows a partial header name or value by copying it whole at each feed, so a head
+  sent a byte at a time would otherwise cost its size squared;
 - the handler starts when a request's head is complete, so it can refuse the request by its
   headers before its body is read; `Request.read()` waits for the body (sending `100 Continue`
   first when the client asked for it);
@@ -32,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
+import resource
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -64,6 +72,14 @@ KEEPALIVE_SECONDS = 75.0
 WRITE_TIMEOUT_SECONDS = 60.0
 #: Pipelined requests parsed ahead of the one being answered; then reading pauses.
 MAX_QUEUED = 8
+#: A head's reads are held back from llhttp until its end has come or they reach this size, so
+#: llhttp sees a head in at most MAX_HEADER_BYTES / HEAD_PIECE_BYTES + 2 pieces.
+HEAD_PIECE_BYTES = 4096
+#: Connections served at once by default (`HttpServer(max_connections=...)`).
+MAX_CONNECTIONS = 1024
+
+# A byte that begins a request (llhttp skips the CR and LF a client may send between requests).
+_NOT_CRLF = re.compile(rb"[^\r\n]")
 
 
 class BodyTooLarge(Exception):
@@ -369,6 +385,19 @@ def _error_body(message: str) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}})
 
 
+def _busy_answer() -> bytes:
+    body = _error_body("Service Unavailable: too many connections; retry later")
+    head = (
+        f"HTTP/1.1 503 {_REASONS[503]}\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+# What a connection past `max_connections` is answered, whatever it sends.
+_TOO_MANY_CONNECTIONS = _busy_answer()
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: the llhttp parser, the queue of parsed requests, the handler task."""
 
@@ -386,6 +415,12 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._head_deadline = 0.0
         self._in_head = False
+        # Reads of a head held back from llhttp (`_gather`), and when the first byte of a head
+        # llhttp has not seen yet came (its head timer runs from then, not from when it is fed).
+        self._gathered = bytearray()
+        self._head_start: float | None = None
+        # The last 3 bytes read: a CRLF CRLF may be split across reads.
+        self._tail = b""
         self._messages = 0
         self._parsing: Request | None = None
         self._queue: collections.deque[Request] = collections.deque()
@@ -410,16 +445,39 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            # Refused before a byte is parsed, holding no timer and not counted: what it costs
+            # ends once the answer (a few hundred bytes, taken by the socket's buffer) is out.
+            self._closing = True
+            self._no_more_input = True
+            server.refused += 1
+            self.transport.write(_TOO_MANY_CONNECTIONS)
+            self.transport.close()
+            return
+        server.connections.add(self)
         self._arm(HEAD_TIMEOUT_SECONDS)
 
     def data_received(self, data: bytes) -> None:
+        tail = self._tail
+        self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
         if self._closing or self._no_more_input:
             return
         if self._backlog:  # (reading is paused then; kept in order all the same)
             self._backlog += data
             return
-        self._parse(data)
+        if self._parsing is None:
+            # In a head or between requests (never inside a body: its bytes go to llhttp as they
+            # come, for the handler reading it).
+            gathered = self._gather(data, tail)
+            if gathered is None:
+                return
+            self._parse(gathered)
+            # Its time was taken by the head it began (on_message_begin), if any: a head that
+            # begins later is timed from its own first byte.
+            self._head_start = None
+        else:
+            self._parse(data)
         self._dispatch()
 
     def eof_received(self) -> bool:
@@ -431,6 +489,7 @@ class _Connection(asyncio.Protocol):
         self._lost = True
         self._closing = True
         self._backlog = b""
+        self._gathered = bytearray()
         self.server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -455,6 +514,34 @@ class _Connection(asyncio.Protocol):
             drain.set_result(None)
 
     # ------------------------------------------------------------ parsing
+    def _gather(self, data: bytes, tail: bytes) -> bytes | None:
+        """What of a head is to be parsed now: None while its reads are held back.
+
+        httptools grows a header name or value that spans feeds by `bytes +=`, copying it whole
+        at each feed (and our `on_url` appends likewise): a 64 KiB head fed a byte at a time
+        would copy some 2 GB. So reads that hold no head's end (CRLF CRLF, looked for in this
+        read and across its edge with the `tail` before it) are gathered here, in a bytearray
+        (which grows in amortised constant time), up to `HEAD_PIECE_BYTES`, and llhttp is fed
+        pieces of at least that size, or ones holding a head's end. A read that ends a head or
+        is large enough goes on at once, unless reads before it are held."""
+        gathered = self._gathered
+        ended = b"\r\n\r\n" in data or b"\r\n\r\n" in tail + data[:3]
+        if not gathered and (ended or len(data) >= HEAD_PIECE_BYTES):
+            return data
+        if not self._in_head and self._head_start is None and _NOT_CRLF.search(data) is not None:
+            # A head begins that llhttp will not see for now: it is timed from here, on a kept
+            # connection too (where the idle timer runs, far longer) and while a handler runs
+            # (the timer then closes nothing, and `_serve` looks at `_head_deadline` when done).
+            now = self._loop.time()
+            self._head_start = now
+            self._head_deadline = now + HEAD_TIMEOUT_SECONDS
+            self._arm(HEAD_TIMEOUT_SECONDS)
+        gathered += data
+        if not ended and len(gathered) < HEAD_PIECE_BYTES:
+            return None
+        self._gathered = bytearray()
+        return bytes(gathered)
+
     def _parse(self, data: bytes) -> None:
         """Feed llhttp, in pieces that cannot complete more heads than the queue has room for.
 
@@ -546,8 +633,11 @@ class _Connection(asyncio.Protocol):
         self._field_bytes = 0
         self._head_bytes = 0
         self._in_head = True
-        self._head_deadline = self._loop.time() + HEAD_TIMEOUT_SECONDS
-        self._arm(HEAD_TIMEOUT_SECONDS)
+        now = self._loop.time()
+        # From its first byte, which may have been held back (`_gather`) for a while.
+        start, self._head_start = self._head_start, None
+        self._head_deadline = (now if start is None else start) + HEAD_TIMEOUT_SECONDS
+        self._arm(max(self._head_deadline - now, 0.0))
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -696,9 +786,9 @@ class _Connection(asyncio.Protocol):
             self._answer_pending()
         elif self._no_more_input:
             self._close()
-        elif self._in_head:
-            # A head begun while the handler ran: its timer may have run out meanwhile (and
-            # could not close a connection with a handler running).
+        elif self._in_head or self._head_start is not None:
+            # A head begun while the handler ran (parsed, or held back from llhttp): its timer
+            # may have run out meanwhile (and could not close a connection with a handler running).
             self._arm(max(self._head_deadline - self._loop.time(), 0.0))
         elif self._parsing is None:
             self._arm(KEEPALIVE_SECONDS)
@@ -858,9 +948,20 @@ def _internal_error(request: Request) -> Response:
 class HttpServer:
     """`handler` served on any number of listening sockets (TCP or unix)."""
 
-    def __init__(self, handler: Handler, *, max_body: int, max_held: int | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body: int,
+        max_held: int | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.handler = handler
         self.max_body = max_body
+        # Open connections at once; one past it is answered 503 and closed, unparsed.
+        self.max_connections = max_connections
+        # Connections refused so (for the operator: a cap too low, or a flood).
+        self.refused = 0
         # Request body bytes held at once, across connections (`max_held`: by default room for
         # four bodies at the limit, and at least 64 MiB).
         self.max_held = max_held if max_held is not None else max(4 * max_body, 64 << 20)
@@ -887,6 +988,23 @@ class HttpServer:
 
     def _protocol(self) -> _Connection:
         return _Connection(self)
+
+    @staticmethod
+    def connection_limit(max_sessions: int, max_in_flight: int) -> int:
+        """The `max_connections` for a gateway of `max_sessions` sessions, each with up to
+        `max_in_flight` requests in flight.
+
+        Legitimate use must never be refused: each session may hold its requests in flight and
+        its event stream (GET) at once, each on a connection of its own, and 64 more leave room
+        for clients opening sessions, probing, or retrying. But the connections must not take the
+        descriptors the rest of the process needs (upstream processes and their pipes, the audit
+        log, the state store): at most half the soft RLIMIT_NOFILE, whatever the sessions ask.
+        And never fewer than 64, so a tiny limit or configuration still serves."""
+        wanted = max_sessions * (max_in_flight + 1) + 64
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            wanted = min(wanted, soft // 2)
+        return max(wanted, 64)
 
     async def close(self, timeout: float = 1.0) -> None:
         """No new connections; handlers still running get `timeout` seconds, then are cancelled."""

@@ -561,6 +561,22 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
 
 
+def _raise_descriptor_limit(log: Any) -> None:
+    """Raise this process's soft limit on open files to its hard limit (as Go's runtime does).
+
+    A gateway holds a descriptor per client connection and three per stdio upstream; the common
+    soft limit of 1024 would cap its connections (`HttpServer.connection_limit`, half of it)
+    below what its own session limits allow. The hard limit is the operator's, and stays."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("descriptor_limit_kept", soft=soft, hard=hard, error=str(exc))
+
+
 async def _serve(
     args: argparse.Namespace,
     command: list[str],
@@ -591,8 +607,13 @@ async def _serve(
     gateway_ref.append(gateway)
     if worker is not None:
         worker.attach(gateway)
+    _raise_descriptor_limit(log)
     # A client that goes away ends its handler: a GET stream no one reads is closed, not kept.
-    server = HttpServer(gateway.handle, max_body=config.max_message_bytes)
+    server = HttpServer(
+        gateway.handle,
+        max_body=config.max_message_bytes,
+        max_connections=HttpServer.connection_limit(config.max_sessions, config.max_in_flight),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
