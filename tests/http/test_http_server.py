@@ -341,6 +341,25 @@ async def test_a_stream_to_http_1_0_is_not_chunk_framed_and_ends_with_the_connec
 
 
 @on_uvloop
+async def test_a_stream_answering_head_sends_its_head_and_no_body() -> None:
+    # A body after a HEAD answer would be read as the start of the next answer on the connection.
+    async def handler(request: Request) -> StreamResponse:
+        response = StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: one\n\n")
+        await response.write_eof()
+        return response
+
+    async with serving(handler) as (_, connect):
+        reader, writer = await connect()
+        writer.write(get("/").replace(b"GET", b"HEAD", 1) + get("/after"))
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and b"Transfer-Encoding: chunked" in head
+        reply = await read_reply(reader)
+        assert reply.status == 200 and reply.raw == b"b\r\ndata: one\n\n\r\n0\r\n\r\n"
+
+
+@on_uvloop
 async def test_a_stream_is_chunk_framed_and_ended_with_the_zero_chunk() -> None:
     async def handler(request: Request) -> StreamResponse:
         response = StreamResponse(headers={"Content-Type": "text/event-stream"})

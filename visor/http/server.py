@@ -338,13 +338,16 @@ def json_response(data: Any, *, status: int = 200) -> Response:
 class StreamResponse:
     """A response written as it goes (an event stream): chunked, after `prepare()`."""
 
-    __slots__ = ("_chunked", "_conn", "finished", "headers", "prepared", "status")
+    __slots__ = ("_chunked", "_conn", "_head_only", "finished", "headers", "prepared", "status")
 
     def __init__(self, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.headers = dict(headers) if headers else {}
         self._conn: _Connection | None = None
         self._chunked = True
+        # An answer to HEAD: its head says what GET's would, and no byte of a body follows (one
+        # would be read as the start of the connection's next answer).
+        self._head_only = False
         self.prepared = False
         self.finished = False
 
@@ -353,6 +356,7 @@ class StreamResponse:
             return
         conn = request._conn
         self._chunked = conn.write_head(request, self.status, self.headers, None)
+        self._head_only = request.method == "HEAD"
         # Only once its head is out (write_head refuses a header with a line break): a stream
         # whose head was refused is not one the server may end with a zero chunk.
         self._conn = conn
@@ -362,7 +366,7 @@ class StreamResponse:
         conn = self._conn
         if conn is None or self.finished:
             raise RuntimeError("write() before prepare() or after write_eof()")
-        if data:
+        if data and not self._head_only:
             conn.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
             await conn.drain()
 
@@ -371,7 +375,7 @@ class StreamResponse:
         if conn is None or self.finished:
             return
         self.finished = True
-        if self._chunked:
+        if self._chunked and not self._head_only:
             conn.write(b"0\r\n\r\n")
             await conn.drain()
 
