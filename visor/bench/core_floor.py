@@ -5,8 +5,8 @@ core, its policy checks, provenance, redaction and the audit records) and the I/
 it (tasks, queues, the session's relay, the upstream's client, limits, routing). This process keeps
 the first exactly and cuts the second to the bone: asyncio protocols only (no task, no future on
 the path of a call), llhttp both ways, the real `SessionCore` with the real `PolicyChecks` per
-session, real audit records chained and appended, and one `fdatasync` per turn of the loop for
-every allow of that turn (an ideal group commit), before the allows' calls are sent on.
+session, real audit records chained and appended, and the allows fsync'd before their calls are
+sent on, a turn of the loop's allows together (`AuditLog`: the writer's group commit, ideal).
 
 What it leaves out makes it faster than any real gateway can be: no Origin, Accept or media-type
 checks, no body or session limits, no SSE, no metrics, no approval channel, no idle expiry, no
