@@ -35,6 +35,8 @@ def test_http_rows_run_and_report_the_targets(tmp_path: Path, monkeypatch: pytes
     budget = data["sessions_cpu_budget"]
     assert budget["cores"] >= 1 and budget["gateway_used_us"] == through["sessions_cpu_us"]["middle"]
     assert data["stdio_pipelined_calls_s"] > 0 and data["fsync_us"] > 0
+    runs = data["stdio_pipelined_runs_calls_s"]
+    assert len(runs) == 3 and runs == sorted(runs) and data["stdio_pipelined_calls_s"] == runs[1]
     assert all(v > 0 for v in data["stdio_sessions_calls_s_by_workers"].values())
     text = render(data)
     targets = [line for line in text.splitlines() if line.startswith("target")]
