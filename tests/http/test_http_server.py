@@ -321,17 +321,23 @@ async def test_an_http_1_0_connection_is_kept_when_asked_and_the_answer_says_so(
     assert seen.requests == ["GET /one", "GET /two", "GET /three"]
 
 
-@on_uvloop
-async def test_a_stream_to_http_1_0_is_not_chunk_framed_and_ends_with_the_connection() -> None:
+def event_stream(*events: bytes) -> Callable[[Request], Awaitable[StreamResponse]]:
+    """A handler answering every request with an event stream of `events`, ended."""
+
     async def handler(request: Request) -> StreamResponse:
         response = StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(b"data: one\n\n")
-        await response.write(b"data: two\n\n")
+        for event in events:
+            await response.write(event)
         await response.write_eof()
         return response
 
-    async with serving(handler) as (_, connect):
+    return handler
+
+
+@on_uvloop
+async def test_a_stream_to_http_1_0_is_not_chunk_framed_and_ends_with_the_connection() -> None:
+    async with serving(event_stream(b"data: one\n\n", b"data: two\n\n")) as (_, connect):
         reader, writer = await connect()
         writer.write(get("/", version="1.0"))
         reply = await read_reply(reader)
@@ -343,14 +349,7 @@ async def test_a_stream_to_http_1_0_is_not_chunk_framed_and_ends_with_the_connec
 @on_uvloop
 async def test_a_stream_answering_head_sends_its_head_and_no_body() -> None:
     # A body after a HEAD answer would be read as the start of the next answer on the connection.
-    async def handler(request: Request) -> StreamResponse:
-        response = StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b"data: one\n\n")
-        await response.write_eof()
-        return response
-
-    async with serving(handler) as (_, connect):
+    async with serving(event_stream(b"data: one\n\n")) as (_, connect):
         reader, writer = await connect()
         writer.write(get("/").replace(b"GET", b"HEAD", 1) + get("/after"))
         head = await reader.readuntil(b"\r\n\r\n")

@@ -116,12 +116,12 @@ class AuditLog:
             session.perform(session.core.handle(CommitDone(action.call, seq)))
 
 
-class Upstream(asyncio.Protocol):
-    """One connection to the upstream server, one request at a time."""
+class _Peer(asyncio.Protocol):
+    """One HTTP connection read by llhttp: its transport and the body of the message being read."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.parser = httptools.HttpResponseParser(self)
+    parser: httptools.HttpRequestParser | httptools.HttpResponseParser
+
+    def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.body: list[bytes] = []
 
@@ -131,16 +131,31 @@ class Upstream(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)
 
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def take_body(self) -> bytes:
+        body = b"".join(self.body)
+        self.body.clear()
+        return body
+
+
+class Upstream(_Peer):
+    """One connection to the upstream server, one request at a time."""
+
+    parser: httptools.HttpResponseParser
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+        self.parser = httptools.HttpResponseParser(self)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"mcp-session-id":
             self.session.upstream_sid = value
 
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
     def on_message_complete(self) -> None:
-        body = b"".join(self.body)
-        self.body.clear()
+        body = self.take_body()
         self.session.floor.audit.out -= 1
         self.session.idle.append(self)
         if self.parser.get_status_code() == 200:
@@ -222,32 +237,23 @@ class Session:
         self.perform(self.core.handle(ClientBytes(body + b"\n")))
 
 
-class Client(asyncio.Protocol):
+class Client(_Peer):
     """One HTTP connection from a client: POSTs to /mcp, answered with JSON."""
 
+    parser: httptools.HttpRequestParser
+
     def __init__(self, floor: Floor) -> None:
+        super().__init__()
         self.floor = floor
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.body: list[bytes] = []
         self.sid: bytes | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.parser.feed_data(data)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"mcp-session-id":
             self.sid = value
 
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
     def on_message_complete(self) -> None:
-        body = b"".join(self.body)
-        self.body.clear()
+        body = self.take_body()
         sid, self.sid = self.sid, None
         if self.parser.get_method() != b"POST":
             self.floor.sessions.pop(sid or b"", None)
