@@ -195,6 +195,8 @@ class Session:
         self.idle: list[Upstream] = []
         self.queued: collections.deque[bytes] = collections.deque()
         self.opening = 0
+        # The connections being opened (a task the loop holds only weakly could be collected).
+        self.connecting: set[asyncio.Task[None]] = set()
         self.perform(self.core.start())
 
     def perform(self, actions: list[Action]) -> None:
@@ -219,7 +221,9 @@ class Session:
             self.idle.pop().post(self.queued.popleft())
         if len(self.queued) > self.opening:
             self.opening += 1
-            asyncio.get_running_loop().create_task(self._connect())
+            task = asyncio.get_running_loop().create_task(self._connect())
+            self.connecting.add(task)
+            task.add_done_callback(self.connecting.discard)
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
