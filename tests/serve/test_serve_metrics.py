@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +134,42 @@ def test_the_page_of_several_workers_labels_each_and_refuses_a_malformed_snapsho
         render([(0, broken)])
     with pytest.raises(KeyError):
         render([(0, {"verdicts": []})])
+
+
+def test_connections_over_the_cap_are_refused_and_counted(tmp_path: Path) -> None:
+    # One session with one request in flight: the cap is 1 x (1 + 1) + 64 = 66 connections.
+    with serve(
+        tmp_path, stdio_upstream(tmp_path / "pids"), "--max-sessions", "1", "--max-in-flight", "1"
+    ) as gw:
+        host, port = gw.url.removeprefix("http://").split("/")[0].rsplit(":", 1)
+        held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(66)]
+        try:
+            # Until the server has taken all 66, one more is taken too (and says nothing): it is
+            # dropped and another tried. Past the cap the answer comes unasked.
+            deadline = time.monotonic() + 30
+            while True:
+                over = socket.create_connection((host, int(port)), timeout=2)
+                try:
+                    answer = over.recv(4096)
+                except TimeoutError:
+                    answer = b""
+                finally:
+                    over.close()
+                if answer.startswith(b"HTTP/1.1 503 "):
+                    break
+                assert time.monotonic() < deadline, answer
+            assert b"too many connections" in answer and b"Connection: close" in answer
+            held.pop().close()
+            for _ in range(100):  # the closed one is seen gone, then a scrape gets in
+                try:
+                    scraped = scrape(gw.url)
+                    break
+                except (AssertionError, OSError):  # refused: a 503, or a reset before it
+                    time.sleep(0.1)
+            else:
+                raise AssertionError("no scrape was let in after a held connection closed")
+        finally:
+            for sock in held:
+                sock.close()
+    assert scraped["visor_http_connections_refused_total"] >= 1
+    assert 65 <= scraped["visor_http_connections_open"] <= 66

@@ -614,6 +614,7 @@ async def _serve(
         max_body=config.max_message_bytes,
         max_connections=HttpServer.connection_limit(config.max_sessions, config.max_in_flight),
     )
+    metrics.watch_connections(lambda: (len(server.connections), server.refused))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

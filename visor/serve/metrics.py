@@ -90,6 +90,8 @@ class GatewayMetrics:
         self._pending = 0
         self._commit = _Histogram()
         self._fsync = _Histogram()
+        # The HTTP server's connections: (open now, refused over its cap so far).
+        self._connections: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     # ---------------------------------------------------------------- the Telemetry interface
     def gated(
@@ -131,11 +133,19 @@ class GatewayMetrics:
             key = (method if method in ("GET", "POST", "DELETE") else "other", status)
             self._http[key] = self._http.get(key, 0) + 1
 
+    def watch_connections(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Where the HTTP server's connection figures are read at each scrape: open now, and
+        refused over its cap so far (a flood, or a cap too low for the sessions allowed)."""
+        self._connections = counts
+
     def snapshot(self, sessions_open: int) -> dict[str, Any]:
         """This process's figures as JSON-able data: what a worker of `--workers N` hands the
         worker that answers a scrape (`render` puts each worker's under its own label)."""
+        connections_open, connections_refused = self._connections()
         with self._lock:
             return {
+                "connections_open": connections_open,
+                "connections_refused": connections_refused,
                 "verdicts": [[v, m, n] for (v, m), n in sorted(self._verdicts.items())],
                 "http": [[m, st, n] for (m, st), n in sorted(self._http.items())],
                 "sessions_open": sessions_open,
@@ -157,7 +167,7 @@ def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
         items = ([("worker", index)] if index is not None else []) + list(pairs)
         return "{" + ",".join(f'{k}="{_label(str(v))}"' for k, v in items) + "}" if items else ""
 
-    verdicts, http, sessions, pending = [], [], [], []
+    verdicts, http, sessions, pending, conns, refused = [], [], [], [], [], []
     commit: list[str] = []
     fsync: list[str] = []
     for index, snap in processes:
@@ -170,6 +180,10 @@ def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
             for m, st, n in snap["http"]
         ]
         sessions.append(f"visor_sessions_open{labels(index)} {int(snap['sessions_open'])}")
+        conns.append(f"visor_http_connections_open{labels(index)} {int(snap['connections_open'])}")
+        refused.append(
+            f"visor_http_connections_refused_total{labels(index)} {int(snap['connections_refused'])}"
+        )
         pending.append(f"visor_approvals_pending{labels(index)} {int(snap['approvals_pending'])}")
         worker = f'worker="{index}",' if index is not None else ""
         commit += _Histogram.from_snapshot(snap["commit"]).lines("visor_audit_commit_seconds", worker)
@@ -181,6 +195,12 @@ def render(processes: Sequence[tuple[int | None, dict[str, Any]]]) -> str:
         "# HELP visor_http_requests_total Requests to /mcp by HTTP method and status.",
         "# TYPE visor_http_requests_total counter",
         *http,
+        "# HELP visor_http_connections_open HTTP connections open now.",
+        "# TYPE visor_http_connections_open gauge",
+        *conns,
+        "# HELP visor_http_connections_refused_total Connections refused with 503 over the connection cap.",
+        "# TYPE visor_http_connections_refused_total counter",
+        *refused,
         "# HELP visor_sessions_open MCP sessions open now.",
         "# TYPE visor_sessions_open gauge",
         *sessions,
