@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import functools
 import random
-import resource
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -692,24 +691,6 @@ async def test_connections_past_max_connections_are_refused_with_503_until_one_e
         assert (await read_reply(reader)).status == 503
         assert await closed(reader)
     assert seen.requests == ["GET /kept0", "GET /kept1", "GET /kept2", "GET /new"]
-
-
-def test_the_gateway_connection_limit_follows_its_sessions_within_the_descriptor_limit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def soft_limit(soft: int) -> None:
-        monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
-
-    soft_limit(1_000_000)
-    # each session's requests in flight and its event stream, and room for clients arriving
-    assert HttpServer.connection_limit(64, 64) == 64 * 65 + 64
-    assert HttpServer.connection_limit(1, 1) == 66
-    soft_limit(resource.RLIM_INFINITY)
-    assert HttpServer.connection_limit(1000, 100) == 1000 * 101 + 64
-    soft_limit(1024)  # half the descriptors at most
-    assert HttpServer.connection_limit(64, 64) == 512
-    soft_limit(20)  # and never fewer than 64
-    assert HttpServer.connection_limit(64, 64) == 64
 
 
 @on_uvloop

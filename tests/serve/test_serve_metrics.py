@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import resource
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.serve.serve_proc import http, serve, stdio_upstream
+from visor.serve.command import connection_cap
 
 POLICY = """\
 version: "1.0"
@@ -173,3 +176,21 @@ def test_connections_over_the_cap_are_refused_and_counted(tmp_path: Path) -> Non
                 sock.close()
     assert scraped["visor_http_connections_refused_total"] >= 1
     assert 65 <= scraped["visor_http_connections_open"] <= 66
+
+
+def test_the_gateway_connection_limit_follows_its_sessions_within_the_descriptor_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def soft_limit(soft: int) -> None:
+        monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
+
+    soft_limit(1_000_000)
+    # each session's requests in flight and its event stream, and room for clients arriving
+    assert connection_cap(64, 64) == 64 * 65 + 64
+    assert connection_cap(1, 1) == 66
+    soft_limit(resource.RLIM_INFINITY)
+    assert connection_cap(1000, 100) == 1000 * 101 + 64
+    soft_limit(1024)  # half the descriptors at most
+    assert connection_cap(64, 64) == 512
+    soft_limit(20)  # and never fewer than 64
+    assert connection_cap(64, 64) == 64

@@ -40,13 +40,13 @@ from visor.core.checks import PolicyChecks
 from visor.core.events import (
     Action,
     AppendRecord,
+    ClientData,
     CommitDone,
     CommitRecord,
     SendToClient,
     SendToServer,
     ServerData,
 )
-from visor.core.events import ClientData as ClientBytes
 from visor.core.session import CoreConfig, SessionCore
 from visor.policy.loader import load_policy
 from visor.session import SessionState
@@ -117,13 +117,15 @@ class AuditLog:
 
 
 class _Peer(asyncio.Protocol):
-    """One HTTP connection read by llhttp: its transport and the body of the message being read."""
+    """One HTTP connection read by llhttp: its transport, and the body and `Mcp-Session-Id` of
+    the message being read."""
 
     parser: httptools.HttpRequestParser | httptools.HttpResponseParser
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.body: list[bytes] = []
+        self.sid: bytes | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -131,13 +133,19 @@ class _Peer(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.parser.feed_data(data)
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"mcp-session-id":
+            self.sid = value
+
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
-    def take_body(self) -> bytes:
-        body = b"".join(self.body)
+    def take(self) -> tuple[bytes, bytes | None]:
+        """The message just read: its body and its session id (both cleared for the next)."""
+        body, sid = b"".join(self.body), self.sid
         self.body.clear()
-        return body
+        self.sid = None
+        return body, sid
 
 
 class Upstream(_Peer):
@@ -150,12 +158,10 @@ class Upstream(_Peer):
         self.session = session
         self.parser = httptools.HttpResponseParser(self)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"mcp-session-id":
-            self.session.upstream_sid = value
-
     def on_message_complete(self) -> None:
-        body = self.take_body()
+        body, sid = self.take()
+        if sid is not None:
+            self.session.upstream_sid = sid
         self.session.floor.audit.out -= 1
         self.session.idle.append(self)
         if self.parser.get_status_code() == 200:
@@ -238,7 +244,7 @@ class Session:
             self.answers[orjson.dumps(msg["id"])] = client
         else:
             client.answer(202, b"", self.sid)  # a notification: accepted, sent on by the core
-        self.perform(self.core.handle(ClientBytes(body + b"\n")))
+        self.perform(self.core.handle(ClientData(body + b"\n")))
 
 
 class Client(_Peer):
@@ -250,15 +256,9 @@ class Client(_Peer):
         super().__init__()
         self.floor = floor
         self.parser = httptools.HttpRequestParser(self)
-        self.sid: bytes | None = None
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"mcp-session-id":
-            self.sid = value
 
     def on_message_complete(self) -> None:
-        body = self.take_body()
-        sid, self.sid = self.sid, None
+        body, sid = self.take()
         if self.parser.get_method() != b"POST":
             self.floor.sessions.pop(sid or b"", None)
             self.answer(200, b"", None)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import re
-import resource
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -522,8 +521,7 @@ class _Connection(asyncio.Protocol):
         """What of a head is to be parsed now: None while its reads are held back.
 
         httptools grows a header name or value that spans feeds by `bytes +=`, copying it whole
-        at each feed (and our `on_url` appends likewise): a 64 KiB head fed a byte at a time
-        would copy some 2 GB. So reads that hold no head's end (CRLF CRLF, looked for in this
+        at each feed: a 64 KiB head fed a byte at a time would copy some 2 GB. So reads that hold no head's end (CRLF CRLF, looked for in this
         read and across its edge with the `tail` before it) are gathered here, in a bytearray
         (which grows in amortised constant time), up to `HEAD_PIECE_BYTES`, and llhttp is fed
         pieces of at least that size, or ones holding a head's end. A read that ends a head or
@@ -992,23 +990,6 @@ class HttpServer:
 
     def _protocol(self) -> _Connection:
         return _Connection(self)
-
-    @staticmethod
-    def connection_limit(max_sessions: int, max_in_flight: int) -> int:
-        """The `max_connections` for a gateway of `max_sessions` sessions, each with up to
-        `max_in_flight` requests in flight.
-
-        Legitimate use must never be refused: each session may hold its requests in flight and
-        its event stream (GET) at once, each on a connection of its own, and 64 more leave room
-        for clients opening sessions, probing, or retrying. But the connections must not take the
-        descriptors the rest of the process needs (upstream processes and their pipes, the audit
-        log, the state store): at most half the soft RLIMIT_NOFILE, whatever the sessions ask.
-        And never fewer than 64, so a tiny limit or configuration still serves."""
-        wanted = max_sessions * (max_in_flight + 1) + 64
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft != resource.RLIM_INFINITY:
-            wanted = min(wanted, soft // 2)
-        return max(wanted, 64)
 
     async def close(self, timeout: float = 1.0) -> None:
         """No new connections; handlers still running get `timeout` seconds, then are cancelled."""

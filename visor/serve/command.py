@@ -561,12 +561,31 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
 
 
+def connection_cap(max_sessions: int, max_in_flight: int) -> int:
+    """The HTTP server's `max_connections` for `max_sessions` sessions of up to `max_in_flight`
+    requests in flight each.
+
+    Legitimate use must never be refused: each session may hold its requests in flight and its
+    event stream (GET) at once, each on a connection of its own, and 64 more leave room for
+    clients opening sessions, probing, or retrying. But the connections must not take the
+    descriptors the rest of the process needs (upstream processes and their pipes, the audit log,
+    the state store): at most half the soft RLIMIT_NOFILE, whatever the sessions ask. And never
+    fewer than 64, so a tiny limit or configuration still serves."""
+    import resource
+
+    wanted = max_sessions * (max_in_flight + 1) + 64
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY:
+        wanted = min(wanted, soft // 2)
+    return max(wanted, 64)
+
+
 def _raise_descriptor_limit(log: Any) -> None:
     """Raise this process's soft limit on open files to its hard limit (as Go's runtime does).
 
     A gateway holds a descriptor per client connection and three per stdio upstream; the common
-    soft limit of 1024 would cap its connections (`HttpServer.connection_limit`, half of it)
-    below what its own session limits allow. The hard limit is the operator's, and stays."""
+    soft limit of 1024 would cap its connections (`connection_cap`, half of it) below what its
+    own session limits allow. The hard limit is the operator's, and stays."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -612,7 +631,7 @@ async def _serve(
     server = HttpServer(
         gateway.handle,
         max_body=config.max_message_bytes,
-        max_connections=HttpServer.connection_limit(config.max_sessions, config.max_in_flight),
+        max_connections=connection_cap(config.max_sessions, config.max_in_flight),
     )
     metrics.watch_connections(lambda: (len(server.connections), server.refused))
     stop = asyncio.Event()
