@@ -954,6 +954,38 @@ async def test_a_head_dripped_a_byte_at_a_time_reaches_llhttp_in_a_few_pieces(
     assert seen.requests == ["GET /drip", "GET /again"]
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /lf HTTP/1.1\nHost: test\n\n",
+        b"GET /lf HTTP/1.1\r\nHost: test\n\r\n",
+        b"GET /lf HTTP/1.1\r\nHost: test\r\n\n",
+        b"GET /lf HTTP/1.1\r\nHost: test\nX-Long: " + b"v" * 100,
+    ],
+    ids=["all bare LF", "bare LF in a field", "bare LF at the end", "bare LF, head unfinished"],
+)
+@pytest.mark.parametrize("dripped", [False, True], ids=["whole", "dripped"])
+@on_uvloop
+async def test_a_head_with_a_bare_lf_is_refused_at_once_not_held_until_the_head_timeout(
+    head: bytes, dripped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reads of a head are held back from llhttp until its CRLF CRLF; a head whose lines end with
+    # bare LF has none, and was held, unanswered, until the head timeout. llhttp refuses a bare LF.
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 60.0)
+    seen = Seen()
+    async with serving(echo(seen)) as (_, connect):
+        reader, writer = await connect()
+        answer = asyncio.ensure_future(read_reply(reader, timeout=10))
+        if dripped:
+            await drip(writer, head, until=answer)
+        else:
+            writer.write(head)
+        reply = await answer
+        assert reply.status == 400 and reply.json()["error"]["message"].startswith("Bad Request")
+        assert await closed(reader)
+    assert seen.requests == []
+
+
 @pytest.mark.parametrize("shape", ["one value", "many fields"])
 @on_uvloop
 async def test_a_dripped_head_over_max_header_bytes_is_still_431(

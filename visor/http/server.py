@@ -79,6 +79,19 @@ MAX_CONNECTIONS = 1024
 
 # A byte that begins a request (llhttp skips the CR and LF a client may send between requests).
 _NOT_CRLF = re.compile(rb"[^\r\n]")
+# What ends the holding back of a head's reads: its end (CRLF CRLF), or a bare LF, which llhttp
+# refuses at once (400). Held back, a head sent with bare LF line ends would wait, unanswered,
+# for the head timeout. (A false find only feeds llhttp early.)
+_FEED_NOW = re.compile(rb"\r\n\r\n|(?<!\r)\n")
+
+
+def _feed_now(data: bytes, tail: bytes) -> bool:
+    """Whether `data` holds a head's end or a bare LF (an LF first in `data` after a CR that
+    ended the read before it is no bare LF: a head dripped a byte at a time is still held)."""
+    found = _FEED_NOW.search(data)
+    if found is not None and found.start() == 0 and data[:1] == b"\n" and tail.endswith(b"\r"):
+        found = _FEED_NOW.search(data, 1)
+    return found is not None
 
 
 class BodyTooLarge(Exception):
@@ -521,13 +534,14 @@ class _Connection(asyncio.Protocol):
         """What of a head is to be parsed now: None while its reads are held back.
 
         httptools grows a header name or value that spans feeds by `bytes +=`, copying it whole
-        at each feed: a 64 KiB head fed a byte at a time would copy some 2 GB. So reads that hold no head's end (CRLF CRLF, looked for in this
-        read and across its edge with the `tail` before it) are gathered here, in a bytearray
-        (which grows in amortised constant time), up to `HEAD_PIECE_BYTES`, and llhttp is fed
-        pieces of at least that size, or ones holding a head's end. A read that ends a head or
-        is large enough goes on at once, unless reads before it are held."""
+        at each feed: a 64 KiB head fed a byte at a time would copy some 2 GB. So reads that hold
+        no head's end (CRLF CRLF, looked for in this read and across its edge with the `tail`
+        before it) are gathered here, in a bytearray (which grows in amortised constant time), up
+        to `HEAD_PIECE_BYTES`, and llhttp is fed pieces of at least that size, or ones holding a
+        head's end or a bare LF (which llhttp refuses as soon as it sees one). A read that ends a
+        head or is large enough goes on at once, unless reads before it are held."""
         gathered = self._gathered
-        ended = b"\r\n\r\n" in data or b"\r\n\r\n" in tail + data[:3]
+        ended = b"\r\n\r\n" in tail + data[:3] or _feed_now(data, tail)
         if not gathered and (ended or len(data) >= HEAD_PIECE_BYTES):
             return data
         if not self._in_head and self._head_start is None and _NOT_CRLF.search(data) is not None:
