@@ -1,4 +1,5 @@
-"""HTTP/1.1 to one origin, for `HttpUpstream`: keep-alive connections, llhttp parsing, streamed bodies.
+"""HTTP/1.1 to one origin, for `HttpUpstream` and the `--workers` forwarder: keep-alive connections,
+llhttp parsing, streamed bodies.
 
 An MCP session over Streamable HTTP talks to exactly one URL, sends small JSON bodies with a
 Content-Length, and reads either one JSON body or an event stream back. A general client pays
@@ -23,7 +24,20 @@ narrow job:
   server did not ask to close; an idle connection is used again within `KEEPALIVE_SECONDS`;
 - cookies the origin sets are kept for it (load balancers pin a session to a replica with one):
   name and value, removed by ``Max-Age<=0`` or a past ``Expires``, ``Secure`` ones sent only
-  over https. Domain and Path are not needed: every request goes to the one URL.
+  over https. Domain and Path are not needed: every request goes to the one URL;
+- the answer to a HEAD request ends with its head; its connection is not used again (llhttp,
+  through httptools, cannot be told that no body follows the head).
+
+Two options serve `visor serve --workers N`, whose workers pass a request for another worker's
+session on to that worker (visor/serve/workers.py):
+
+- ``unix_path``: the connections go to a unix socket instead of the URL's host and port (the
+  URL still gives the Host header);
+- ``relay=True``: requests and responses pass as they are, for a proxy. Only the caller's header
+  fields are sent (its Host among them; no User-Agent or Accept-Encoding is added), to the target
+  each request names; a body's content coding is left alone (any coding, not decoded); no cookie
+  is kept; header bytes keep their value both ways (read and written as UTF-8 with surrogate
+  escapes, as visor.http.server reads and writes them).
 """
 
 from __future__ import annotations
@@ -36,7 +50,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping
 from http.cookies import CookieError, SimpleCookie
 from types import TracebackType
 from typing import cast
@@ -60,6 +74,11 @@ _DECODE_STEP = 256 * 1024
 _LOW_WATER = 256 * 1024
 _USER_AGENT = f"visor/{__version__}"
 _SAFE_TO_REPEAT = frozenset({"GET", "DELETE"})
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# A request target in origin form: a path (and query), no space or control character.
+_ORIGIN_FORM = re.compile(r"/[^\x00-\x20\x7f]*")
+# Framing is the client's own (Content-Length from the body): a caller's would contradict it.
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
 # RFC 6265 section 4.1.1: a cookie's name is a token; its value cookie-octets, optionally quoted.
 _COOKIE_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _COOKIE_VALUE = re.compile(
@@ -86,13 +105,19 @@ class ResponseTimeout(ResponseBroken):
 class Headers:
     """A response's header fields: case-insensitive names, repeated fields kept in order."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "_items")
 
     def __init__(self) -> None:
         self._fields: dict[str, list[str]] = {}
+        self._items: list[tuple[str, str]] = []
 
     def add(self, name: str, value: str) -> None:
         self._fields.setdefault(name.lower(), []).append(value)
+        self._items.append((name, value))
+
+    def items(self) -> list[tuple[str, str]]:
+        """Every field as it came, in order: its name as the server spelled it, and its value."""
+        return list(self._items)
 
     def get(self, name: str, default: str | None = None) -> str | None:
         values = self._fields.get(name.lower())
@@ -112,7 +137,9 @@ class Response:
     hands the connection back when the body was read to the end, and closes it otherwise.
     """
 
-    def __init__(self, conn: _Connection, status: int, reason: str, headers: Headers) -> None:
+    def __init__(
+        self, conn: _Connection, status: int, reason: str, headers: Headers, *, decode: bool = True
+    ) -> None:
         self._conn = conn
         self.status = status
         self.reason = reason
@@ -124,7 +151,8 @@ class Response:
         )
         length = headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
-        self._decoder = _decoder(headers.get("Content-Encoding"))
+        # (A relay hands the body on as it came, in whatever coding.)
+        self._decoder = _decoder(headers.get("Content-Encoding")) if decode else None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes (decoded) as they arrive; raises `ResponseBroken` if it is cut short.
@@ -223,10 +251,13 @@ def _decoder(coding: str | None) -> _ZlibStream | None:
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP (or TLS) connection and the llhttp parser reading the responses on it."""
+    """One TCP, TLS or unix socket connection and the llhttp parser reading the responses on it."""
 
     def __init__(self, client: OriginClient) -> None:
         self._client = client
+        self._relay = client.relay
+        # How header bytes read as text: latin-1 for the origin, kept byte for byte by a relay.
+        self._charset, self._errors = ("utf-8", "surrogateescape") if client.relay else ("latin-1", "strict")
         self._loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
@@ -245,6 +276,8 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._interim = 0
+        # The request was HEAD: its response has no body, whatever its headers say.
+        self._no_body = False
         self._response: Response | None = None
         self._body: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -305,7 +338,7 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)
-        self._headers.add(name.decode("latin-1"), value.decode("latin-1"))
+        self._headers.add(name.decode(self._charset, self._errors), value.decode(self._charset, self._errors))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -321,11 +354,20 @@ class _Connection(asyncio.Protocol):
         self._status = status
         self._headers_done = True
         h = self._headers
-        self._until_close = (
-            "content-length" not in h and "transfer-encoding" not in h and status not in (204, 304)
-        )
+        if self._no_body:
+            # The answer to HEAD ends with its head. llhttp cannot be told so (httptools gives no
+            # way to), and would read the next bytes as the body its headers announce: the
+            # connection is not used again.
+            self._complete = True
+            self._keep_alive = False
+        else:
+            self._until_close = (
+                "content-length" not in h and "transfer-encoding" not in h and status not in (204, 304)
+            )
         try:
-            response = Response(self, status, self._reason.decode("latin-1").strip(), h)
+            response = Response(
+                self, status, self._reason.decode("latin-1").strip(), h, decode=not self._relay
+            )
         except ResponseBroken as exc:
             self._error = exc
             raise
@@ -336,6 +378,8 @@ class _Connection(asyncio.Protocol):
             head.set_result(response)
 
     def on_body(self, body: bytes) -> None:
+        if self._no_body:
+            return
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -344,18 +388,19 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if not self._headers_done:
-            return  # the end of an interim response
+        if not self._headers_done or self._no_body:
+            return  # the end of an interim response, or of what llhttp took for a HEAD answer's body
         # llhttp answers this only inside the callback: its flags are reset once it returns.
         self._keep_alive = self._parser.should_keep_alive()
         self._complete = True
         self._wake()
 
     # ------------------------------------------------------------ the client's side
-    def send(self, request: bytes) -> asyncio.Future[Response]:
+    def send(self, request: bytes, *, no_body: bool = False) -> asyncio.Future[Response]:
         assert self.transport is not None and self._head is None and self._response is None
         self._reset_message()
         self._interim = 0
+        self._no_body = no_body
         head: asyncio.Future[Response] = self._loop.create_future()
         self._head = head
         self.transport.write(request)
@@ -444,7 +489,11 @@ class _Connection(asyncio.Protocol):
 
 
 class OriginClient:
-    """Requests to one http(s) URL over a small pool of keep-alive connections."""
+    """Requests to one http(s) URL over a small pool of keep-alive connections.
+
+    `unix_path`: connect to this unix socket rather than to the URL's host and port (which still
+    give the Host header, and the name a TLS certificate must carry). `relay`: pass requests and
+    responses on as they are (see the module's docstring)."""
 
     def __init__(
         self,
@@ -453,6 +502,8 @@ class OriginClient:
         connect_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         max_idle: int = MAX_IDLE,
+        unix_path: str | None = None,
+        relay: bool = False,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -479,26 +530,37 @@ class OriginClient:
         self._cookies: dict[str, tuple[str, float | None, bool]] = {}
         self._closed = False
         self._max_idle = max_idle
+        self.unix_path = unix_path
+        self.relay = relay
 
     async def request(
         self,
         method: str,
-        headers: dict[str, str],
+        headers: Mapping[str, str] | Iterable[tuple[str, str]],
         body: bytes | None = None,
         *,
         read_timeout: float | None = None,
+        target: str | None = None,
     ) -> Response:
         """Send one request and wait for its status and headers (the body streams on).
 
+        `headers`: a mapping, or (name, value) pairs where a field is given more than once.
         `read_timeout`: the longest wait for the head, and then between pieces of the body, before
-        `ResponseTimeout` (a server that accepted the request and stalls); None waits for ever."""
+        `ResponseTimeout` (a server that accepted the request and stalls); None waits for ever.
+        `target`: a path (and query) of the origin's to ask instead of the URL's."""
         if self._closed:
             raise HttpClientError("the client is closed")
-        wire = self._encode(method, headers, body)
+        if target is not None and not _ORIGIN_FORM.fullmatch(target):
+            raise ValueError(f"request target {target[:100]!r} is not a path without spaces or controls")
+        if self.relay:
+            wire = self._relay_encode(method, headers, body, target)
+        else:
+            wire = self._encode(method, headers, body, target)
+        no_body = method == "HEAD"
         conn = await self._connection()
         conn.read_timeout = read_timeout
         try:
-            response = await self._head(conn, wire)
+            response = await self._head(conn, wire, no_body)
         except ResponseTimeout:
             conn.abort()
             raise
@@ -511,19 +573,20 @@ class OriginClient:
             conn = await self._connection(fresh=True)
             conn.read_timeout = read_timeout
             try:
-                response = await self._head(conn, wire)
+                response = await self._head(conn, wire, no_body)
             except BaseException:
                 conn.abort()
                 raise
         except BaseException:
             conn.abort()
             raise
-        self._keep_cookies(response.headers)
+        if not self.relay:
+            self._keep_cookies(response.headers)
         return response
 
     @staticmethod
-    async def _head(conn: _Connection, wire: bytes) -> Response:
-        head = conn.send(wire)
+    async def _head(conn: _Connection, wire: bytes, no_body: bool) -> Response:
+        head = conn.send(wire, no_body=no_body)
         if conn.read_timeout is None:
             return await head
         try:
@@ -566,20 +629,15 @@ class OriginClient:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
-                infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-                # Both address families at once, the second 250 ms behind (RFC 8305), as browsers
-                # and aiohttp do: a name with an IPv6 address a network drops silently must not
-                # spend the whole connect timeout there. uvloop has no happy eyeballs of its own.
-                sock = await aiohappyeyeballs.start_connection(
-                    infos, happy_eyeballs_delay=0.25, interleave=1, loop=loop
-                )
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
-                    sock=sock,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                )
+                if self.unix_path is not None:
+                    _, conn = await loop.create_unix_connection(
+                        lambda: _Connection(self),
+                        self.unix_path,
+                        ssl=self._ssl,
+                        server_hostname=self.host if self._ssl is not None else None,
+                    )
+                else:
+                    conn = await self._tcp_connection(loop)
         except TimeoutError as exc:
             raise ConnectFailed(f"connecting took over {self._connect_timeout:g} s") from exc
         except (OSError, ssl.SSLError) as exc:
@@ -590,10 +648,34 @@ class OriginClient:
         self._all.add(conn)
         return conn
 
-    def _encode(self, method: str, headers: dict[str, str], body: bytes | None) -> bytes:
-        lines = [f"{method} {self._target} HTTP/1.1", f"Host: {self._host_header}"]
-        given = {name.lower() for name in headers}
-        for name, value in headers.items():
+    async def _tcp_connection(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        # Both address families at once, the second 250 ms behind (RFC 8305), as browsers
+        # and aiohttp do: a name with an IPv6 address a network drops silently must not
+        # spend the whole connect timeout there. uvloop has no happy eyeballs of its own.
+        sock = await aiohappyeyeballs.start_connection(
+            infos, happy_eyeballs_delay=0.25, interleave=1, loop=loop
+        )
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _, conn = await loop.create_connection(
+            lambda: _Connection(self),
+            sock=sock,
+            ssl=self._ssl,
+            server_hostname=self.host if self._ssl is not None else None,
+        )
+        return conn
+
+    def _encode(
+        self,
+        method: str,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]],
+        body: bytes | None,
+        target: str | None = None,
+    ) -> bytes:
+        fields = _fields(headers)
+        lines = [f"{method} {target or self._target} HTTP/1.1", f"Host: {self._host_header}"]
+        given = {name.lower() for name, _ in fields}
+        for name, value in fields:
             _check_field(name, value)
             lines.append(f"{name}: {value}")
         if "user-agent" not in given:
@@ -606,6 +688,32 @@ class OriginClient:
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return head + body if body else head
+
+    def _relay_encode(
+        self,
+        method: str,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]],
+        body: bytes | None,
+        target: str | None,
+    ) -> bytes:
+        """A relay's request: the caller's fields only, its Host among them (the URL's when it
+        gives none), the framing the client's own."""
+        if not _TOKEN.fullmatch(method):
+            raise ValueError(f"method {method[:40]!r} is not an HTTP token")
+        fields = _fields(headers)
+        lines = [f"{method} {target or self._target} HTTP/1.1"]
+        if not any(name.lower() == "host" for name, _ in fields):
+            lines.append(f"Host: {self._host_header}")
+        for name, value in fields:
+            _check_field(name, value)
+            if name.lower() in _FRAMING:
+                raise ValueError(f"header {name!r} is the client's own (it frames the body itself)")
+            lines.append(f"{name}: {value}")
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        # The bytes the relay's own server read (UTF-8, surrogate escapes for the rest), unchanged.
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         return head + body if body else head
 
     def _keep_cookies(self, headers: Headers) -> None:
@@ -654,6 +762,12 @@ def _timestamp(http_date: str) -> float | None:
         return email.utils.parsedate_to_datetime(http_date).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
+
+
+def _fields(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Collection[tuple[str, str]]:
+    if isinstance(headers, dict):
+        return headers.items()
+    return list(headers.items() if isinstance(headers, Mapping) else headers)
 
 
 def _check_field(name: str, value: str) -> None:

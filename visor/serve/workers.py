@@ -53,8 +53,7 @@ import orjson
 from visor import logs
 
 if TYPE_CHECKING:
-    from aiohttp import ClientSession
-
+    from visor.http.client import OriginClient
     from visor.http.server import Answer, HttpServer, Request
     from visor.serve.gateway import Gateway
 
@@ -67,6 +66,11 @@ _BACKOFF_MAX = 8.0
 _READY = b"ready\n"
 # How long the worker answering a scrape waits for each other worker's figures.
 PEER_METRICS_TIMEOUT = 2.0
+# The most a worker's figures may take (a few KB in practice); a larger answer is left out.
+PEER_METRICS_MAX_BYTES = 16 << 20
+# How long connecting to another worker's socket may take (a GET stream lasts as long as its
+# session: only connecting is bounded).
+FORWARD_CONNECT_TIMEOUT = 10.0
 # `[ID.]<32 hex>-<I>`: the session ids a worker mints (gateway.Gateway.mint_sid; ID is --replica-id).
 _SID = re.compile(r"(?:[A-Za-z0-9_]{1,32}\.)?[0-9a-f]{32}-(0|[1-9][0-9]{0,2})")
 # A unix socket path longer than sun_path (108 bytes on Linux) cannot be bound.
@@ -160,28 +164,29 @@ class Forwarder:
     def __init__(self, spec: WorkerSpec, shared_state: bool) -> None:
         self._spec = spec
         self._shared_state = shared_state
-        self._clients: dict[int, ClientSession] = {}
+        # One client per owner, each a pool of keep-alive connections to the owner's socket.
+        self._clients: dict[int, OriginClient] = {}
 
-    def _client(self, owner: int) -> ClientSession:
-        from aiohttp import ClientSession, ClientTimeout, UnixConnector
+    def _client(self, owner: int) -> OriginClient:
+        from visor.http.client import OriginClient
 
         client = self._clients.get(owner)
         if client is None:
-            client = ClientSession(
-                connector=UnixConnector(str(worker_socket(self._spec.rundir, owner)), limit=0),
-                # A GET stream lasts as long as its session: only connecting is bounded.
-                timeout=ClientTimeout(total=None, sock_connect=10),
-                # The bytes go back as the owner wrote them (a Content-Encoding included).
-                auto_decompress=False,
+            client = OriginClient(
+                # (The URL only names the socket's server: each request gives its own Host and target.)
+                "http://worker/",
+                connect_timeout=FORWARD_CONNECT_TIMEOUT,
+                unix_path=str(worker_socket(self._spec.rundir, owner)),
+                # The bytes go both ways as they were written: the client's headers only (no
+                # User-Agent or Accept-Encoding of the forwarder's), a Content-Encoding left alone,
+                # no cookie kept from one client's answer for another's request.
+                relay=True,
             )
             self._clients[owner] = client
         return client
 
     async def __call__(self, request: Request) -> Answer | None:
-        from aiohttp import ClientConnectorError, ClientError
-        from multidict import CIMultiDict
-        from yarl import URL
-
+        from visor.http.client import ConnectFailed, HttpClientError
         from visor.http.server import StreamResponse
         from visor.serve.gateway import SESSION_HEADER, VERSION_HEADER, _error
         from visor.wire import errors
@@ -198,26 +203,16 @@ class Forwarder:
             owner = owner_of(sid) if sid is not None else None
         if owner is None or owner == self._spec.index:
             return None
-        headers = CIMultiDict(
-            (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP_AND_LENGTH
-        )
-        url = URL.build(
-            scheme="http", host="worker", path=request.path, query_string=request.query_string, encoded=True
-        )
+        # Every field the client sent (a repeated one each time), but the connection's own.
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP_AND_LENGTH]
+        target = f"{request.path}?{request.query_string}" if request.query_string else request.path
         # Read here, then sent whole: a body over the limit is refused where it arrives (read()
         # raises, the server answers 413), as the owner would refuse it.
         body = await request.read() if request.body_exists else None
         try:
-            upstream = await self._client(owner).request(
-                request.method,
-                url,
-                headers=headers,
-                data=body,
-                allow_redirects=False,
-                # Only the client's own headers: a default Accept or Content-Type would change the answer.
-                skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            )
-        except ClientConnectorError as exc:
+            # No read timeout: a GET stream (or a long tool call) lasts as long as the owner serves it.
+            upstream = await self._client(owner).request(request.method, headers, body, target=target)
+        except ConnectFailed as exc:
             log.info("forward_owner_unreachable", owner=owner, mcp_session=sid, error=str(exc))
             if conversation and not self._shared_state:
                 # A second conversation here would start with fresh budgets: the client waits.
@@ -230,7 +225,7 @@ class Forwarder:
             # The owner is gone (killed, restarting): its sessions went with it (404 here), or
             # with --state this worker continues them from the store.
             return None
-        except ClientError as exc:
+        except HttpClientError as exc:
             log.warning("forward_failed", owner=owner, mcp_session=sid, error=str(exc))
             return _error(502, errors.INTERNAL_ERROR, "the worker that owns this session went away")
         log.debug(
@@ -246,12 +241,15 @@ class Forwarder:
             )
             await response.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
+                # As each piece arrives (an event stream's events as the owner writes them): no
+                # whole body is held, and no size is capped. While the client takes no more,
+                # write() waits, and the owner's socket stops being read past a megabyte.
+                async for chunk in upstream.chunks():
                     await response.write(chunk)
                 await response.write_eof()
             except ConnectionResetError:
                 log.info("forward_closed_by_client", owner=owner, mcp_session=sid)
-            except ClientError as exc:
+            except HttpClientError as exc:
                 # The owner died mid-answer: the client must see a broken stream, not a whole one.
                 log.warning("forward_broken", owner=owner, mcp_session=sid, error=str(exc))
                 if request.transport is not None:
@@ -268,8 +266,7 @@ class Forwarder:
         return self._spec.index, [(i, a) for i, a in zip(peers, answers, strict=True) if a is not None]
 
     async def _peer_snapshot(self, index: int, token: str | None) -> dict[str, Any] | None:
-        from aiohttp import ClientError, ClientTimeout
-
+        from visor.http.client import HttpClientError
         from visor.serve.metrics import SNAPSHOT_QUERY, render
 
         # Our own request over the private socket: a loopback Host passes the DNS-rebinding check
@@ -278,17 +275,15 @@ class Forwarder:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            async with self._client(index).get(
-                f"http://worker/metrics?{SNAPSHOT_QUERY}",
-                headers=headers,
-                timeout=ClientTimeout(total=PEER_METRICS_TIMEOUT),
-                allow_redirects=False,
-            ) as reply:
-                if reply.status != 200:
-                    log.warning("peer_metrics_refused", worker=index, status=reply.status)
-                    return None
-                snapshot = orjson.loads(await reply.read())
-        except (ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            # The whole exchange (connecting included) within the timeout.
+            async with asyncio.timeout(PEER_METRICS_TIMEOUT):
+                reply = await self._client(index).request("GET", headers, target=f"/metrics?{SNAPSHOT_QUERY}")
+                async with reply:
+                    if reply.status != 200:
+                        log.warning("peer_metrics_refused", worker=index, status=reply.status)
+                        return None
+                    snapshot = orjson.loads(await reply.read(PEER_METRICS_MAX_BYTES))
+        except (HttpClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             log.info("peer_metrics_unavailable", worker=index, error=str(exc) or type(exc).__name__)
             return None
         try:
