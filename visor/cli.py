@@ -240,7 +240,7 @@ def build_parser(*, run_only: bool = False) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     _add_run(sub)
     if run_only:
-        for register in _optional_registrations(_RUN_OPTION_MODULES):
+        for register in _optional_registrations(_RUN_OPTION_MODULES, "register_run"):
             register(sub)
         return parser
     version = add_command(sub, "version", "print the version", "Print the version of Visor.", "visor version")
@@ -293,12 +293,13 @@ _COMMAND_MODULES = (
     "visor.watch",
     "visor.serve.command",
 )
-# Those of them that also add options to `visor run` (its parser alone is built for `visor run`).
+# Those of them that also add options to `visor run`: for `visor run` alone, their
+# `register_run(subparsers)` adds just those (building their other subcommands costs start-up time).
 _RUN_OPTION_MODULES = ("visor.audit.commands",)
 
 
 def _optional_registrations(
-    names: Sequence[str],
+    names: Sequence[str], function: str = "register"
 ) -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     import importlib
 
@@ -312,7 +313,7 @@ def _optional_registrations(
             if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise
             continue
-        registrations.append(module.register)
+        registrations.append(getattr(module, function))
     return registrations
 
 

@@ -224,7 +224,6 @@ class _Checked:
 
 
 def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
-    from visor.audit.signing import signer_from_args
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.core.checks import PolicyChecks
     from visor.pinfile import read_pins, write_pins
@@ -295,7 +294,7 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
                 session=new_session_id(),
                 max_bytes=args.audit_max_bytes,
                 durable=not args.unsafe_no_fsync,
-                signer=signer_from_args(args),  # --signing-key: signed checkpoints (visor/audit/signing.py)
+                signer=_signer(args),  # --signing-key: signed checkpoints (visor/audit/signing.py)
             )
             break
         except AuditLogBusy as exc:
@@ -317,6 +316,16 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
         fixed_identity=args.identity or None,
     )
     return _Checked(checks, audit, approvals, pin_saver, approvals_saver, listing_timeout, group)
+
+
+def _signer(args: argparse.Namespace) -> Any:
+    """The checkpoint signer of `--signing-key` (or VISOR_SIGNING_KEY), or None. The signing
+    module is imported only with a key: a start without one does not pay for it."""
+    if not getattr(args, "signing_key", None):
+        return None
+    from visor.audit.signing import signer_from_args
+
+    return signer_from_args(args)
 
 
 def _join_group(args: argparse.Namespace, policy: Any) -> GroupIndex | None:
@@ -419,12 +428,12 @@ def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
     the only channel and joins a call when the client declared it in initialize.
     """
     from visor.approval.broker import ApprovalBroker, Channel
-    from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
-    from visor.approval.tty import TtyChannel, TtyError, probe
 
     channels: list[Channel] = []
     approval_dir = getattr(args, "approval_dir", None)
     if approval_dir:
+        from visor.approval.directory import DirectoryChannel, DirectoryError, prepare
+
         try:
             channels.append(DirectoryChannel(prepare(Path(approval_dir))))
         except DirectoryError as exc:
@@ -434,6 +443,8 @@ def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:
 
         register_approval_dir(Path(approval_dir), args.server_name)
     if getattr(args, "approval_tty", False):
+        from visor.approval.tty import TtyChannel, TtyError, probe
+
         try:
             probe()
         except TtyError as exc:

@@ -141,3 +141,26 @@ def test_the_url_parser_is_loaded_only_when_a_url_is_read(tmp_path: Path) -> Non
         {"target": "https://bücher.example/a"},
     )
     assert "ada_url" in url
+
+
+# What a plain session (no --signing-key, no approval options, a policy without time
+# restrictions) has no use for: signed checkpoints, the chain walker of `visor audit verify`
+# (opening a log checks its last link with visor.audit.record), the tty channel, the time
+# zones, and importlib.resources (the embedded policy is read from the package's folder).
+_OPTIONAL = (
+    "visor.audit.signing",
+    "visor.audit.verify",
+    "visor.approval.tty",
+    "zoneinfo",
+    "importlib.resources",
+)
+
+
+def test_a_plain_session_leaves_the_optional_features_alone(tmp_path: Path) -> None:
+    log = str(tmp_path / "audit.jsonl")
+    (tmp_path / "first").mkdir()
+    _session_modules(tmp_path / "first", ["--no-group", "--audit-log", log])
+    # the second session opens the first one's log and checks its last link
+    modules = _session_modules(tmp_path, ["--no-group", "--audit-log", log])
+    assert {"visor.audit.writer", "visor.core.checks"} <= modules
+    assert _imported(modules, _OPTIONAL) == []

@@ -22,3 +22,10 @@ def test_the_run_only_parser_has_every_option_of_visor_run_in_the_full_parser() 
 def test_the_run_only_parser_reads_a_command_line_as_the_full_one_does() -> None:
     argv = ["-q", "run", "--audit-log", "/tmp/a.jsonl", "--checkpoint-every", "5", "--", "srv", "--flag"]
     assert vars(build_parser(run_only=True).parse_args(argv)) == vars(build_parser().parse_args(argv))
+
+
+def test_the_run_only_parser_builds_no_other_command() -> None:
+    # The other commands' parsers (audit, report...) cost start-up time and `visor run` never uses them.
+    alone = build_parser(run_only=True)
+    sub = next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == ["run"]

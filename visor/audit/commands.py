@@ -404,13 +404,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     report.set_defaults(func=cmd_report)
 
+    register_run(subparsers)
+
+
+def register_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The options of `visor run` this package owns, alone: what `visor run` builds (start-up time)."""
     run = subparsers.choices.get("run")
     if run is not None:
         _add_run_signing(run)
 
 
 def _add_run_signing(run: argparse.ArgumentParser) -> None:
-    from visor.audit.signing import DEFAULT_EVERY, DEFAULT_SECONDS
+    # From the writer, not visor.audit.signing: `visor run` without a key never imports signing.
+    from visor.audit.writer import DEFAULT_EVERY, DEFAULT_SECONDS
 
     group = run.add_argument_group("signed checkpoints (the 'sign' extra)")
     group.add_argument(

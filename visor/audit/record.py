@@ -344,3 +344,23 @@ def parse_line(line: bytes) -> Parsed:
         raise RecordError("hash does not match the line's content (edited)")
     fields["hash"] = digest
     return Parsed(record=fields, hash=digest, prev=prev, seq=seq, event=str(fields["event"]))
+
+
+def link_problem(before: Parsed | None, cur: Parsed) -> str | None:
+    """Why `cur` cannot follow `before` (None when `cur` opens the chain)."""
+    if before is None:
+        if cur.prev == GENESIS:
+            if cur.seq == 0:
+                return None
+            return f"the chain starts at seq {cur.seq}, not 0: records before it were deleted"
+        if cur.event == "audit_open" and cur.record.get("rotated_from"):
+            return None  # continues a rotated file that is not part of this check
+        return "the first record links to a predecessor that is not here: lines before it were deleted"
+    if cur.seq == before.seq + 1 and cur.prev == before.hash:
+        return None
+    if cur.seq <= before.seq:
+        return f"seq {cur.seq} follows seq {before.seq}: records reordered or duplicated"
+    if cur.seq > before.seq + 1:
+        gap = cur.seq - before.seq - 1
+        return f"seq jumps from {before.seq} to {cur.seq}: {gap} record(s) deleted"
+    return "prev does not match the hash of the line before: a line was replaced or inserted"

@@ -31,14 +31,13 @@ from typing import Any
 import orjson
 
 from visor.audit.paths import visor_home
-from visor.audit.writer import AuditError
+
+# A checkpoint every DEFAULT_EVERY records, or DEFAULT_SECONDS after the first record it
+# would cover, whichever comes first; and one at every clean close and rotation.
+from visor.audit.writer import DEFAULT_EVERY, DEFAULT_SECONDS, AuditError
 
 DOMAIN = b"visor-audit-checkpoint-v1\n"
 KEY_NAME = "audit-signing"
-# A checkpoint every this many records, or this long after the first record it
-# would cover, whichever comes first; and one at every clean close and rotation.
-DEFAULT_EVERY = 1000
-DEFAULT_SECONDS = 60.0
 REASONS = frozenset({"interval", "time", "rotate", "close"})
 SIGNED_FIELDS = ("key", "log", "prev", "reason", "seq", "ts")
 _INSTALL_HINT = (

@@ -1,7 +1,8 @@
 """Verify a whole chain: every line, every link, the sequence, across rotated files.
 
-The walker is shared with start-up (writer.py checks the last link with
-`link_problem`) and with repair (which needs the offset of the first bad line).
+The walker is shared with repair (which needs the offset of the first bad line);
+start-up (writer.py) checks the last link with `link_problem`, which lives in
+record.py so that opening a log does not import this module.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from visor.audit.paths import chain_files, rotated_files
 from visor.audit.record import GENESIS, Parsed, RecordError, parse_line
+from visor.audit.record import link_problem as link_problem
 
 if TYPE_CHECKING:
     from visor.audit.checkpoints import SignedSummary
@@ -22,26 +24,6 @@ if TYPE_CHECKING:
 
 # How far ahead to look for a missing seq to tell "reordered" from "deleted".
 _LOOKAHEAD = 1000
-
-
-def link_problem(before: Parsed | None, cur: Parsed) -> str | None:
-    """Why `cur` cannot follow `before` (None when `cur` opens the chain)."""
-    if before is None:
-        if cur.prev == GENESIS:
-            if cur.seq == 0:
-                return None
-            return f"the chain starts at seq {cur.seq}, not 0: records before it were deleted"
-        if cur.event == "audit_open" and cur.record.get("rotated_from"):
-            return None  # continues a rotated file that is not part of this check
-        return "the first record links to a predecessor that is not here: lines before it were deleted"
-    if cur.seq == before.seq + 1 and cur.prev == before.hash:
-        return None
-    if cur.seq <= before.seq:
-        return f"seq {cur.seq} follows seq {before.seq}: records reordered or duplicated"
-    if cur.seq > before.seq + 1:
-        gap = cur.seq - before.seq - 1
-        return f"seq jumps from {before.seq} to {cur.seq}: {gap} record(s) deleted"
-    return "prev does not match the hash of the line before: a line was replaced or inserted"
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,6 @@ from visor import __version__
 from visor.audit import record as rec
 from visor.audit.paths import lock_path, next_rotated_name, rotated_files
 from visor.audit.tail import TailTooLong, read_first_line, read_tail
-from visor.audit.verify import link_problem
 
 if TYPE_CHECKING:
     from visor.audit.signing import Signer
@@ -66,6 +65,13 @@ IDLE_SYNC_SECONDS = 1.0
 QUIET_SECONDS = 0.005
 # ... and when the last fsync was at least this quick: the caller's loop waits for it.
 CALLER_FSYNC_MAX_SECONDS = 0.002
+
+# Signed checkpoints (visor/audit/signing.py, which re-exports these): one every this many
+# records, or this long after the first record it would cover, whichever comes first; and
+# one at every clean close and rotation. Here, so that `visor run` offers its options
+# (visor/audit/commands.py) without importing the signing module when no key is given.
+DEFAULT_EVERY = 1000
+DEFAULT_SECONDS = 60.0
 
 _LOG_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _default_fsync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
@@ -274,7 +280,7 @@ def check_tail(path: Path, fd: int) -> rec.Parsed | None:
             hint = _foreign_hint(path) if prior.kind == "foreign" else _repair_hint(path)
             raise AuditError(f"{path}: {line_no(last_i - 1)}: {prior.reason}. {hint}")
         before = prior
-    why = link_problem(before, last)
+    why = rec.link_problem(before, last)
     if why is not None:
         raise AuditError(f"{path}: {line_no(last_i)}: {why}. {_repair_hint(path)}")
     return last

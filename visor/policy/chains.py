@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from fnmatch import fnmatchcase
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from visor.policy import paths
 from visor.policy.schema import (
@@ -117,6 +116,9 @@ def time_verdict(
             continue
         if not any(rx.fullmatch(tool) for rx in tr.tools):
             continue
+        # Imported here: only a policy with time restrictions needs it (start-up time).
+        from zoneinfo import ZoneInfo
+
         if tr.denied_days:
             local = now.astimezone(ZoneInfo(tr.timezone))
             if local.isoweekday() in tr.denied_days:

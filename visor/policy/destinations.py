@@ -12,7 +12,6 @@ costs the same after ten thousand outputs as after one.
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import unicodedata
@@ -260,6 +259,8 @@ def _clean(raw: str) -> str:
         if t == s:
             break
         s = t
+    import html  # here, not at the top: its entity table costs start-up time, and few texts get here
+
     s = html.unescape(s)
     if "@" in s:
         if '"@' in s:

@@ -16,9 +16,7 @@ import hashlib
 import os
 import re
 from dataclasses import replace
-from importlib import resources
-from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
@@ -53,6 +51,9 @@ from visor.policy.schema import (
     ToolChain,
     ToolPolicy,
 )
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 _DAYS = {
     "monday": 1,
@@ -532,6 +533,9 @@ def _identity(r: Reader, node: Node, key: str) -> Identity:
 
 def _tz(r: Reader, node: Node, key: str) -> str:
     name = r.str_(node, key)
+    # Imported here: only a policy that names a time zone needs it (start-up time).
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     try:
         ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
@@ -872,12 +876,28 @@ def load_pack_text(text: str, source: str, *, embedded: bool = False) -> Pack:
     )
 
 
+def _package_files() -> Traversable:
+    """``importlib.resources.files("visor.policy")``: the package's folder itself when it is
+    plain files, as importlib.resources would answer, without importing importlib.resources
+    (and zipfile, tempfile...) at every start; importlib.resources for anything else (a zip)."""
+    import sys
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+    from pathlib import Path
+
+    spec = sys.modules["visor.policy"].__spec__
+    if spec is not None and spec.origin and type(spec.loader) in (SourceFileLoader, SourcelessFileLoader):
+        return Path(spec.origin).parent
+    from importlib import resources
+
+    return resources.files("visor.policy")
+
+
 def _packs() -> dict[str, Pack]:
     """The built-in packs, read once from the package's ``packs/`` folder."""
     global _PACKS
     if _PACKS is None:
         found: dict[str, Pack] = {}
-        folder = resources.files("visor.policy") / "packs"
+        folder = _package_files() / "packs"
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".yaml"):
                 pack = load_pack_text(entry.read_text(encoding="utf-8"), f"packs/{entry.name}", embedded=True)
@@ -939,5 +959,5 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
 
 def load_default_policy() -> Policy:
     """The embedded default policy (visor/policy/default.yaml)."""
-    data = (resources.files("visor.policy") / "default.yaml").read_bytes()
+    data = (_package_files() / "default.yaml").read_bytes()
     return _build(data.decode("utf-8"), "<default>", hashlib.sha256(data).hexdigest(), embedded=True)
