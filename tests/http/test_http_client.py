@@ -683,3 +683,37 @@ def test_a_kept_connection_closed_under_a_request_repeats_only_what_is_safe_to_r
         assert seen == [(1, verb), (1, verb)]  # sent once, never again
     else:
         assert seen == [(1, verb), (1, verb), (2, verb)]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("X-Note", "a\r\nX-Injected: 1"),
+        ("X-Note", "a\nX-Injected: 1"),
+        ("X-Note", "a\rb"),
+        ("X-Note", "a\x00b"),
+        ("X-Injected: 1\r\nX-Note", "a"),
+        ("X:Note", "a"),
+    ],
+    ids=[
+        "CRLF in a value",
+        "LF in a value",
+        "CR in a value",
+        "NUL in a value",
+        "CRLF in a name",
+        "colon in a name",
+    ],
+)
+def test_a_field_that_would_split_the_head_is_refused_before_anything_is_sent(name: str, value: str) -> None:
+    # Values come from the protocol (a session id) or --header: one holding a line break would add
+    # headers, or a whole request, of its author's choosing.
+    async def main() -> None:
+        async with raw_server(fixed(JSON_OK)) as (url, srv):
+            c = OriginClient(url, connect_timeout=5)
+            with pytest.raises(ValueError, match="cannot carry"):
+                await c.request("POST", {name: value, "Content-Type": "application/json"}, b"{}")
+            assert await get(c) == (200, b"{}")  # the client still serves the next request
+            assert len(srv.requests) == 1 and b"X-Injected" not in srv.requests[0]
+            await c.close()
+
+    run(main)

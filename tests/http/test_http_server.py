@@ -1633,3 +1633,34 @@ async def test_an_answer_before_the_body_lets_the_client_finish_sending_and_read
         writer.write(b"POST / HTTP/1.1\r\nHost: test\r\nContent-Length: 10\r\n\r\n")
         assert (await read_reply(reader)).status == 404
         assert await closed(reader, timeout=4)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-Note": "a\r\nSet-Cookie: injected=1"},
+        {"X-Note": "a\nSet-Cookie: injected=1"},
+        {"X-Note": "a\x00b"},
+        {"Set-Cookie: injected=1\r\nX-Note": "a"},
+    ],
+    ids=["CRLF in a value", "LF in a value", "NUL in a value", "CRLF in a name"],
+)
+@on_uvloop
+async def test_an_answer_whose_field_would_split_the_head_is_a_500_and_nothing_of_it_is_written(
+    headers: dict[str, str],
+) -> None:
+    # A handler's header (a value taken from a request, say) with a line break would let its
+    # author write headers, or a whole answer, of their choosing (response splitting).
+    async def handler(request: Request) -> Response:
+        if request.path == "/bad":
+            return Response(text="secret", headers=headers)
+        return Response(text=request.path)
+
+    async with serving(handler) as (_, connect):
+        reader, writer = await connect()
+        writer.write(get("/bad") + get("/next"))
+        reply = await read_reply(reader)
+        assert reply.status == 500 and reply.header("Set-Cookie") is None
+        assert b"secret" not in reply.raw and not any("injected" in k + v for k, v in reply.headers)
+        # (after an internal error the connection is not used again)
+        assert reply.header("Connection") == "close" and await closed(reader)

@@ -60,6 +60,7 @@ import aiohappyeyeballs
 import httptools
 
 from visor import __version__
+from visor.http.headers import unsafe_field
 
 #: The most a response's status line and header fields may take together.
 MAX_HEADER_BYTES = 64 * 1024
@@ -773,5 +774,5 @@ def _fields(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Collectio
 def _check_field(name: str, value: str) -> None:
     # The values come from the protocol or from --header (already checked); a line break here
     # would start a header or a request of the caller's choosing.
-    if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
+    if unsafe_field(name, value):
         raise ValueError(f"header {name!r} holds a character an HTTP header cannot carry")

@@ -1,4 +1,5 @@
-"""`--header 'Name: value'` options for an HTTP upstream, with ``${VAR}`` from the environment.
+"""`--header 'Name: value'` options for an HTTP upstream, with ``${VAR}`` from the environment;
+and the check every header field written by Visor's HTTP client and server passes.
 
 Tokens stay out of client configs: ``--header 'Authorization: Bearer ${GITHUB_TOKEN}'`` takes the
 token from Visor's environment when it starts. A variable that is not set is an error naming the
@@ -17,6 +18,10 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Visible ASCII, space and tab: what an HTTP field value may hold (no CR, LF or NUL).
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
+# CR, LF and NUL are never valid in a field (RFC 9110 5.5), nor a colon in its name: written into
+# a head, they would start a header or a message of the sender's choosing.
+_UNSAFE_NAME = re.compile(r"[\r\n\0:]")
+_UNSAFE_VALUE = re.compile(r"[\r\n\0]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: Headers the transport itself sets from the protocol: an option may not replace them, since a
@@ -91,3 +96,9 @@ def encode_header_value(value: str) -> str:
     if plain:
         return value
     return "=?base64?" + base64.b64encode(value.encode("utf-8", "surrogatepass")).decode("ascii") + "?="
+
+
+def unsafe_field(name: str, value: str) -> bool:
+    """Whether a field cannot be written into a head as it is (a line break, a NUL, a colon in
+    the name). One regex search each: the fields of every request and answer pass here."""
+    return _UNSAFE_NAME.search(name) is not None or _UNSAFE_VALUE.search(value) is not None

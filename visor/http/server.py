@@ -48,6 +48,7 @@ import httptools
 import orjson
 from multidict import CIMultiDict
 
+from visor.http.headers import unsafe_field
 from visor.logs import get_logger
 
 log = get_logger("visor.http.server")
@@ -828,7 +829,7 @@ class _Connection(asyncio.Protocol):
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
         for name, value in headers.items():
             # NUL too (RFC 9110 5.5: CR, LF and NUL are never valid in a field).
-            if any(c in name for c in "\r\n\0:") or any(c in value for c in "\r\n\0"):
+            if unsafe_field(name, value):
                 raise ValueError(f"response header {name!r} holds a character a header cannot carry")
             lines.append(f"{name}: {value}")
         if body is not None:
