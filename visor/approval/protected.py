@@ -58,6 +58,11 @@ class Protected:
     # The working directory relative names are read from: the server's, which it inherits from
     # Visor when it is started and keeps. Empty: Visor's own at each call (hand-built instances).
     cwd: str = ""
+    # The directories that hold a protected location (folded like the rest), below the working
+    # directory and the home directory: renaming one away and another into its place replaces
+    # what Visor (or the next session's client) opens by name, so each is protected exactly
+    # (not what else is under it).
+    folded_ancestors: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -70,6 +75,7 @@ class Protected:
         started from here inherits). Taken once: a system call per call would cost every call."""
         real_dirs = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs}))
         real_files = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files}))
+        here = cwd if cwd is not None else os.getcwd()
         return cls(
             real_dirs,
             real_files,
@@ -77,7 +83,8 @@ class Protected:
             frozenset(_ids(real_files)),
             tuple(sorted({_fold(d).rstrip("/") for d in real_dirs})),
             tuple(sorted({_fold(f) for f in real_files})),
-            cwd if cwd is not None else os.getcwd(),
+            here,
+            frozenset(_fold(a) for a in _ancestors((*real_dirs, *real_files), here)),
         )
 
     def __bool__(self) -> bool:
@@ -117,7 +124,7 @@ class Protected:
             here = _fold(real_cwd).rstrip("/")
             bare = frozenset(
                 f.rsplit("/", 1)[1]
-                for f in (*self.folded_files, *self.folded_dirs)
+                for f in (*self.folded_files, *self.folded_dirs, *self.folded_ancestors)
                 if f.rsplit("/", 1)[0] == here
             )
             if len(_LOOSE) > 64:
@@ -183,12 +190,41 @@ class Protected:
                     return True
             if any(key == f or key.startswith(f + ".") for f in self.folded_files):
                 return True
+            if key in self.folded_ancestors:
+                return True
         if self.dir_ids or file_ids:
             for path, st in _existing_ancestors(real):
                 key_id = (st.st_dev, st.st_ino)
                 if key_id in self.dir_ids or (path == real and key_id in file_ids):
                     return True
         return False
+
+
+def _ancestors(locations: Iterable[str], cwd: str) -> set[str]:
+    """The directories above ``locations`` (real paths), short of ``/`` and of the working and
+    home directories and what holds them: a tool that renames one (`move_file .vscode old`, then
+    a prepared directory to `.vscode`) swaps in a policy, log or client config of its own."""
+    spared: set[str] = {"/"}
+    for base in (cwd, os.path.expanduser("~")):
+        if not base.startswith("/"):
+            continue
+        path = os.path.realpath(base)
+        while True:
+            spared.add(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    out: set[str] = set()
+    for loc in locations:
+        path = os.path.dirname(loc)
+        while path not in spared and path not in out:
+            out.add(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return out
 
 
 def _existing_ancestors(real: str) -> list[tuple[str, os.stat_result]]:

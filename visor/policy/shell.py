@@ -469,7 +469,8 @@ class _Reader:
                 j += 2 if s[j] == "\\" else 1
             if j >= n:
                 raise _Unreadable("unbalanced $'...' quote")
-            return j + 1, s[i : j + 1], False
+            # its value is known: a deny pattern must see `rm $'-rf' /` as `rm -rf /`
+            return j + 1, _ansi_c(s[i + 2 : j]), True
         if nx == '"' and not in_dq:
             raise _Unreadable('locale translation $"..."')
         m = _NAME.match(s, i + 1)
@@ -498,6 +499,40 @@ class _Reader:
         self.targets.extend(inner.targets)
         self.writes.extend(inner.writes)
         return j + 1
+
+
+# The escapes of `$'...'` whose value does not depend on the locale or the bash version.
+_ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r"}
+_ANSI_C |= {"t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+_OCTAL = re.compile(r"[0-7]{1,3}")
+_HEX = re.compile(r"[0-9A-Fa-f]{1,2}")
+
+
+def _ansi_c(body: str) -> str:
+    """The value of ``$'body'``, or unreadable for what we do not decode with certainty
+    (``\\u``, ``\\c``, a NUL that ends the string, a byte that is not ASCII, an unknown escape)."""
+    out: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        nx = body[i + 1] if i + 1 < n else ""
+        if nx in _ANSI_C:
+            out.append(_ANSI_C[nx])
+            i += 2
+            continue
+        m = _OCTAL.match(body, i + 1) if nx.isdigit() else _HEX.match(body, i + 2) if nx == "x" else None
+        if m is None:
+            raise _Unreadable(f"escape {body[i : i + 2]!r} in $'...'")
+        code = int(m.group(), 8 if nx != "x" else 16)
+        if not 0 < code < 0x80:
+            raise _Unreadable(f"escape {body[i : m.end()]!r} in $'...' is a NUL or not ASCII")
+        out.append(chr(code))
+        i = m.end()
+    return "".join(out)
 
 
 def _check_name(words: list[str], literal: tuple[bool, ...] | list[bool], here_string: bool) -> None:
