@@ -21,7 +21,9 @@ def reference_keys(text: str) -> set[str]:
     if not text:
         return keys
     cleaned = d._clean(text)
-    variants = (text,) if cleaned == text.strip() else (text, cleaned)
+    variants: tuple[str, ...] = (text,) if cleaned == text.strip() else (text, cleaned)
+    if d._loosen(cleaned) != cleaned:
+        variants = (*variants, d._loosen(cleaned))
     chunks: set[str] = set()
     for v in variants:
         chunks.update(v.split())
@@ -35,9 +37,10 @@ def reference_keys(text: str) -> set[str]:
                     keys.update(k)
         if "@" in chunk:
             for m in d._EMAIL_RE.finditer(chunk):
-                e = d._email(m.group(0).rstrip("."))
-                if e is not None:
-                    keys.update(e.keys)
+                for spelling in d._address_spellings(m.group(0)):
+                    e = d._email(spelling)
+                    if e is not None:
+                        keys.update(e.keys)
         if "." in chunk:
             for m in d._HOST_RE.finditer(chunk):
                 keys.add("host:" + d._host_key(m.group(0)))

@@ -222,6 +222,49 @@ _QUOTED_ATOM = re.compile(r"\\?\"((?:[A-Za-z0-9!#$%&*+/=?^_{|}~.\-]|[^\x00-\x7f\
 _AT_COMMENT = re.compile(r"\([^()@\s]{0,64}\)(?=@)|(?<=@)\([^()@\s]{0,64}\)")
 
 
+# Spellings of an address that a reader of output (the model) takes for the
+# plain address, which _EMAIL_RE reads otherwise: markdown and key=value text
+# glue characters that are legal in an address to its edges (``**eve@x.example**``,
+# ``|eve@x.example|``, ``to=eve@x.example``, ``_eve@x.example_``); a markdown
+# ``\@``, spaces around "@", ``'eve'@``, JSON escapes (``\n``) left in text,
+# and the ideographic full stops UTS 46 reads as "." (``eve@x。example``).
+# Output only (indexing is generous: a false hit costs a deny); arguments are
+# read as a mail library reads them. Bounded classes: linear in the text.
+_LOCAL_CUT = re.compile(r"[=/|{}*~^!#$%&?]")
+_DOMAIN_HEAD = re.compile(r"[^\W_](?:[\w.-]*[^\W_])?")
+_LOOSE_AT = re.compile(r"\\@|[ \t]{1,8}@[ \t]{0,8}|@[ \t]{1,8}")
+_LOOSE_QUOTED = re.compile(r"['`]([^\s'`@]{1,64})['`](?=@)")
+_LOOSE_ESCAPES = re.compile(r"\\[ntr]")
+_LOOSE_DOTS = str.maketrans({"\u3002": ".", "\uff61": "."})
+
+
+def _address_spellings(match: str) -> Iterator[str]:
+    """What one _EMAIL_RE match in output may be read as: itself, and the
+    address without the delimiters glued to its edges."""
+    addr = match.rstrip(".")
+    yield addr
+    local, _, domain = addr.rpartition("@")
+    tail = _LOCAL_CUT.split(local)[-1].lstrip("_-+.")
+    head = _DOMAIN_HEAD.match(domain)
+    dom = head.group(0) if head is not None else domain
+    if tail and (tail != local or dom != domain):
+        yield f"{tail}@{dom}"
+
+
+def _loosen(text: str) -> str:
+    """``text`` with the loose spellings of addresses above made plain (output only)."""
+    s = text
+    if "\\" in s:
+        s = _LOOSE_ESCAPES.sub(" ", s)
+    if not s.isascii():
+        s = s.translate(_LOOSE_DOTS)
+    if "@" in s:
+        s = _LOOSE_AT.sub("@", s)
+        if "'@" in s or "`@" in s:
+            s = _LOOSE_QUOTED.sub(r"\1", s)
+    return s
+
+
 # JSON string escapes left in text (a server that json.dumps its result into a
 # text field writes "b\u00fccher.example"): the cleaned variant holds the
 # characters, so a unicode address it showed is indexed as itself.
@@ -322,21 +365,45 @@ def _opaque(s: str, extra: tuple[str, ...] | list[str] = (), domain: str | None 
     return Dest("opaque", f"opaque:{folded}", (*extra, f"token:{folded}"), domain)
 
 
-def _url_dest(raw: str) -> Dest:
+def _url_dests(raw: str) -> list[Dest]:
     """A URL read raw by both readers. Unambiguous: keyed by its canonical
     form and WHATWG host. Ambiguous (the readers disagree, or no host): opaque,
-    never trusted, denied if any reading's host was seen in output."""
+    never trusted, denied if any reading's host was seen in output.
+
+    An ambiguous URL comes back once for every host some client may connect
+    to (each reader's, and the authority as a lenient client cuts it: httpx,
+    aiohttp and urllib fetch ``https://evil.example:+443/`` from
+    ``evil.example``, which neither reader accepts), each with that host as
+    its ``domain``: a recipient-domain rule or a denied destination judges
+    every one of them, not only the WHATWG reading."""
     u = urls.read_url(raw)
     keys = _read_keys(u)
-    if u.ambiguous or u.canonical is None:
-        return _opaque(raw, keys, u.host)
-    return Dest("url", keys[0], tuple(keys), u.host)
+    if not u.ambiguous and u.canonical is not None:
+        return [Dest("url", keys[0], tuple(keys), u.host)]
+    hosts = list(u.hosts())
+    for h in urls.loose_hosts(raw):
+        if h not in hosts:
+            hosts.append(h)
+            keys.append(f"host:{h}")
+    if not hosts:
+        return [_opaque(raw, keys)]
+    return [_opaque(raw, keys, h) for h in hosts]
 
 
-def _decoded_url(s: str) -> Dest:
+def _decoded_urls(s: str) -> list[Dest]:
     # "://" that only decoding produced (https%3A%2F%2F..., fullwidth colons):
-    # no client reads the raw text as this URL, so it is placed by nobody.
-    return _opaque(s, _url_keys(s) or ())
+    # no client reads the raw text as this URL, so it is placed by nobody; a
+    # server that decodes it would fetch from its hosts, which domain rules judge.
+    keys: list[str] = []
+    domains: list[str] = []
+    for d in _url_dests(s):
+        keys.extend(k for k in d.keys if k not in keys)
+        if d.domain is not None and d.domain not in domains:
+            domains.append(d.domain)
+    keys = [k for k in keys if not k.startswith("token:")]
+    if not domains:
+        return [_opaque(s, keys)]
+    return [_opaque(s, keys, h) for h in domains]
 
 
 # A scheme and ":" followed by "/" or "\", or a special scheme and ":": a URL
@@ -370,7 +437,7 @@ def parse(raw: str) -> list[Dest]:
 
 def _parse_raw(s: str) -> list[Dest]:
     if urls.looks_like_url(s) and _URL_BODY.fullmatch(s.translate(_TAB_NL)):
-        return [_url_dest(s)]
+        return _url_dests(s)
     out: list[Dest] = []
     rest = s
     if "<" in s:  # "Name <addr>, Other <https://...>"
@@ -392,13 +459,13 @@ def _raw_piece(p: str) -> list[Dest]:
     if not p:
         return []
     if urls.looks_like_url(p):
-        return [_url_dest(p)]
+        return _url_dests(p)
     return _parse_decoded(p)
 
 
 def _parse_decoded(raw: str) -> list[Dest]:
     # Recursion stays here: a URL that appears only after decoding is never
-    # read as a URL a client would fetch (see _decoded_url).
+    # read as a URL a client would fetch (see _decoded_urls).
     s = _clean(raw)
     if not s:
         # "%20", "%0C": something that decodes to nothing is still asked about
@@ -412,7 +479,7 @@ def _parse_decoded(raw: str) -> list[Dest]:
             out.extend(_parse_decoded(p))
         return out or [_opaque(s)]
     if "://" in s and _URL_RE.fullmatch(s):
-        return [_decoded_url(s)]
+        return _decoded_urls(s)
     brackets = _BRACKETS.findall(s) if "<" in s else []
     if brackets:  # "Name <addr>, Other <addr2>"
         out = []
@@ -427,7 +494,7 @@ def _parse_decoded(raw: str) -> list[Dest]:
             if part:
                 out.extend(_parse_decoded(part))
         return out or [_opaque(s)]
-    return [_parse_piece(s)]
+    return _parse_piece(s)
 
 
 @lru_cache(maxsize=4096)
@@ -447,15 +514,19 @@ def _parse_piece_if_address(part: str) -> list[Dest]:
     # text outside angle brackets is a display name unless it is itself an address
     part = part.strip().strip('"')
     if "@" in part or "://" in part:
-        return [_parse_piece(part)]
+        return _parse_piece(part)
     return []
 
 
-def _parse_piece(s: str) -> Dest:
+def _parse_piece(s: str) -> list[Dest]:
     """One decoded piece (see _parse_decoded): never a raw URL."""
-    folded = s.casefold()
     if "://" in s:
-        return _decoded_url(s)
+        return _decoded_urls(s)
+    return [_parse_one(s)]
+
+
+def _parse_one(s: str) -> Dest:
+    folded = s.casefold()
     if "@" in s and not s.startswith("@"):
         d = _email(s)
         return d or _opaque(s)
@@ -812,7 +883,11 @@ class OutputIndex:
             return  # a short text indexed before, phone numbers and all
         seen = self._seen_chunks
         cleaned = _clean(text)
-        variants = (text,) if cleaned == text.strip() else (text, cleaned)
+        variants: tuple[str, ...] = (text,) if cleaned == text.strip() else (text, cleaned)
+        if "@" in cleaned or "\\" in cleaned or not cleaned.isascii():
+            loose = _loosen(cleaned)
+            if loose != cleaned:
+                variants = (*variants, loose)
         # Whitespace-separated chunks first (a C-speed split, each distinct
         # chunk once), then the regexes only on chunks that can hold a match.
         chunks: set[str] = set()
@@ -890,9 +965,10 @@ class OutputIndex:
                     keys.update(k)
         if "@" in chunk:
             for addr in _emails(chunk):
-                d = _email(addr.rstrip("."))
-                if d is not None:
-                    keys.update(d.keys)
+                for spelling in _address_spellings(addr):
+                    d = _email(spelling)
+                    if d is not None:
+                        keys.update(d.keys)
         if "." in chunk:
             for m in _HOST_RE.finditer(chunk):
                 keys.add("host:" + _host_key(m.group(0)))

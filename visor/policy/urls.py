@@ -189,6 +189,56 @@ def _rfc3986(raw: str) -> Reading | None:
     return Reading(scheme, host, port, "@" in parts.netloc)
 
 
+# Where an authority ends to any client: a path, query or fragment ("\\" is
+# a path to WHATWG, and never part of a host a client resolves).
+_AUTHORITY_END = re.compile(r"[/\\?#]")
+
+
+def _loose_host(text: str) -> str | None:
+    """A host as a lenient client resolves it: percent-decoded, lower case,
+    no trailing dot, unicode by UTS 46 (else IDNA 2003). None if empty."""
+    h = _strip_dot(unquote(text).strip().lower())
+    if not h:
+        return None
+    if h.isascii():
+        return h
+    for encode in (ada.idna_to_ascii, lambda t: t.encode("idna")):
+        try:
+            out = encode(h)
+        except (ValueError, UnicodeError):
+            continue
+        text_out = out.decode("ascii", "replace") if isinstance(out, bytes) else str(out)
+        if text_out:
+            return _strip_dot(text_out.lower())
+    return h
+
+
+@lru_cache(maxsize=1024)
+def loose_hosts(raw: str) -> tuple[str, ...]:
+    """Every host a lenient client may connect to for ``raw``, read by cutting
+    its authority by hand: what a client that validates less than WHATWG and
+    urllib do (httpx, aiohttp and urllib.request take ``host:+443``,
+    ``host:44_3`` and ``host:-0`` as ``host``) still fetches from. For URLs
+    the two readers do not agree on, so that what no reader can place is
+    still judged by its host. Empty when there is no authority."""
+    t = raw.strip(_C0_SPACE).translate(_TAB_NL)
+    m = _SCHEME.match(t)
+    if m is None:
+        return ()
+    auth = _AUTHORITY_END.split(t[m.end() :].lstrip("/\\"), 1)[0]
+    out: list[str] = []
+    # userinfo ends at the last "@" (WHATWG, urllib) or at the first (a naive split)
+    for cut in (auth.rpartition("@")[2], auth.partition("@")[2] or auth):
+        if cut.startswith("["):
+            end = cut.find("]")
+            host = _python_host(cut[1:end]) if end > 0 else None
+        else:
+            host = _loose_host(cut.partition(":")[0])
+        if host and host not in out:
+            out.append(host)
+    return tuple(out)
+
+
 def _decode_unreserved(m: re.Match[str]) -> str:
     if m.group(1) is None:
         return "%25"
