@@ -7,9 +7,9 @@
    (a client config that puts Visor in the chain) could not be named, but `.vscode` could,
    so `move_file .vscode old` then `move_file prepared .vscode` swapped in a config without
    Visor. The directories that hold a protected location are now protected themselves.
-3. (open, xfail) Expansions in the arguments of a command under a deny list alone:
-   `touch {X,}`, `touch $9X`, `touch "$@"X`, `touch $(printf X)` run `touch X`, which the
-   deny pattern refuses, yet the reading is called certain and the call is allowed.
+3. Expansions in the arguments of a command under a deny list alone: `touch {X,}`,
+   `touch $9X`, `touch "$@"X`, `touch $(printf X)` run `touch X`, which the deny pattern
+   refuses, yet the reading was called certain and the call allowed. A deny list now asks.
 """
 
 from __future__ import annotations
@@ -256,20 +256,38 @@ def test_directories_holding_protected_files_are_protected_exactly(
     assert prot.named_by({"path": "/"}) is None
 
 
-# ---------------------------------------------------------------- 3. expansions under a deny list (open)
+# ---------------------------------------------------------------- 3. expansions under a deny list
+
+# What real bash runs for these is `touch X` (the harness runs no substitution's body).
+_BASH_RUNS_TOUCH_X = ("touch {X,}", "touch $9X", 'touch "$@"X', "touch ${9}X")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a deny list alone treats words known only at run time as read; "
-    "see the report (rules.CallView.unreadable / evaluate.check_argument_rules)",
-)
 @pytest.mark.parametrize(
-    "cmd", ["touch {X,}", "touch $9X", 'touch "$@"X', "touch $(printf X)", "touch ${9}X"]
+    "cmd",
+    [
+        "touch {X,}",
+        "touch $9X",
+        'touch "$@"X',
+        "touch $(printf X)",
+        "touch ${9}X",
+        "touch `printf X`",
+        "echo ok && touch a{,X}",
+        "true $(touch $9X)",
+    ],
 )
 def test_expansions_in_arguments_do_not_pass_a_deny_list(cmd: str) -> None:
-    if BASH is not None:
+    if BASH is not None and cmd in _BASH_RUNS_TOUCH_X:
         assert bash_runs(cmd, disable_builtins=False)[-1] == ("touch", "X")
     policy = policy_from(SH_POLICY)
     d = decide(policy, session_for(policy, "sh"), "run", command=cmd)
-    assert d.action in ("deny", "ask"), d
+    # a human decides: no deny pattern can see what the word becomes
+    assert d.action == "ask" and "no deny pattern can see" in d.reason, d
+
+
+@pytest.mark.parametrize(
+    "cmd", ["touch Y", "ls *.py", "find . -name '*.py' -exec wc -l {} \\;", "echo ~/notes", "echo '$HOME'"]
+)
+def test_words_without_run_time_values_are_judged_by_the_deny_list_alone(cmd: str) -> None:
+    # Globs and `~` are not counted (docs/limits.md): only expansions whose value the shell makes.
+    policy = policy_from(SH_POLICY)
+    assert decide(policy, session_for(policy, "sh"), "run", command=cmd).action == "allow"

@@ -353,10 +353,16 @@ def check_argument_rules(c: _Ctx) -> Decision | None:
         spec = RULE_TYPES[rtype]
         if spec.denies_commands and pending is None and not allow_list:
             # deny lists alone cannot vouch for a command Visor cannot read with
-            # certainty: a human decides (after every deny had its chance)
+            # certainty, nor for an argument whose value bash makes only when it
+            # runs (`rm -rf $9/` is `rm -rf /`): a human decides (after every deny
+            # had its chance)
             why = view.unreadable()
             if why is not None:
                 pending = _ask(f"{c.prefix}.{rtype}", f"command cannot be read with certainty: {why}")
+            elif (runtime := view.runtime()) is not None:
+                pending = _ask(
+                    f"{c.prefix}.{rtype}", f"no deny pattern can see what the command becomes: {runtime}"
+                )
         screen = screens.get(rtype)
         if screen is not None:
             # one combined regex tells whether any pattern of this type can match

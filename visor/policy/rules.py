@@ -148,6 +148,13 @@ class CallView:
                 return r.unreadable
         return None
 
+    def runtime(self) -> str | None:
+        """The first argument of a command argument whose value bash makes only when it runs."""
+        for r in self.readings():
+            if r.runtime is not None:
+                return r.runtime
+        return None
+
     def queries(self) -> list[Split]:
         if self._queries is None:
             self._queries = [_query_reading(q) for q in named_strings(self.args, QUERY_ARGS)]
@@ -165,6 +172,7 @@ class CommandReading(NamedTuple):
     unreadable: str | None  # why the command cannot be read with certainty
     split: Split  # (command, parts, texts): the shape the evaluator's screens read
     writes: tuple[str, ...] = ()  # files its redirections open for writing
+    runtime: str | None = None  # an argument whose value exists only at run time (shell.Reading)
 
 
 # Used only to give deny patterns more to look at when a command is unreadable
@@ -180,7 +188,9 @@ def _command_split(cmd: str) -> CommandReading:
     if reading.unreadable is not None:
         pieces.extend(p.strip() for p in _ROUGH.split(cmd) if p.strip())
     texts = tuple(dict.fromkeys(v for piece in pieces for v in _variants(piece)))
-    return CommandReading(cmd, parts, forms, texts, reading.unreadable, (cmd, parts, texts), reading.writes)
+    return CommandReading(
+        cmd, parts, forms, texts, reading.unreadable, (cmd, parts, texts), reading.writes, reading.runtime
+    )
 
 
 def _query_split(q: str) -> Split:

@@ -63,6 +63,10 @@ class Reading:
     targets: tuple[str, ...] = ()
     # those of them opened for writing (`>`, `>>`, `>|`, `&>`, `&>>`, `<>`, `>& FILE`)
     writes: tuple[str, ...] = ()
+    # the first argument whose value bash makes only when it runs (`$x`, `$(...)`, backticks,
+    # `{a,b}`): read with certainty, but no deny pattern can see what it becomes (`rm -rf $9/`
+    # runs `rm -rf /`). Globs and `~` are not counted (docs/limits.md).
+    runtime: str | None = None
 
     @property
     def certain(self) -> bool:
@@ -176,13 +180,15 @@ _WRITING = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 
 
 class _Reader:
-    __slots__ = ("out", "s", "targets", "writes")
+    __slots__ = ("_why", "out", "runtime", "s", "targets", "writes")
 
     def __init__(self, s: str) -> None:
         self.s = s
         self.out: list[SimpleCommand] = []
         self.targets: list[str] = []
         self.writes: list[str] = []
+        self.runtime: str | None = None  # Reading.runtime
+        self._why: str | None = None  # the run-time expansion in the word being read, if any
 
     # ------------------------------------------------------------ lists
 
@@ -298,6 +304,7 @@ class _Reader:
                 tokens.extend(toks)
                 end = i
                 continue
+            self._why = None
             j, value, lit = self.word(i)
             raw = s[i:j]
             if _FD_VAR.fullmatch(raw) and j < n and s[j] in "<>":
@@ -307,6 +314,8 @@ class _Reader:
             if not words and _ASSIGN.match(raw):
                 assignments.append(raw)
             else:
+                if words and self._why is not None and self.runtime is None:
+                    self.runtime = f"{self._why} in the argument {raw[:60]!r}"
                 words.append(value)
                 literal.append(lit)
             tokens.append(value if _BARE.fullmatch(value) else raw)
@@ -371,6 +380,7 @@ class _Reader:
         out: list[str] = []
         lit = True
         start = i
+        braces, listed = 0, False  # unquoted `{` open, and a `,` or `..` seen inside one
         while i < n:
             c = s[i]
             if c in "<>" and s.startswith("(", i + 1):
@@ -403,9 +413,18 @@ class _Reader:
             elif c == "`":
                 i = self._backtick(i, False)
                 lit = False
+                self._why = self._why or "command substitution"
             else:
                 if c in "*?[{~":
                     lit = False  # glob, brace or tilde expansion: the value is not the text
+                if c == "{":
+                    braces += 1
+                elif c == "}" and braces:
+                    braces -= 1
+                    if listed:
+                        self._why = self._why or "brace expansion"
+                elif braces and (c == "," or s.startswith("..", i)):
+                    listed = True  # `{a,b}` or `{1..3}`: bash makes several words of it
                 out.append(c)
                 i += 1
         if i == start:
@@ -441,6 +460,7 @@ class _Reader:
             elif c == "`":
                 i = self._backtick(i, True)
                 lit = False
+                self._why = self._why or "command substitution"
             else:
                 out.append(c)
                 i += 1
@@ -453,12 +473,15 @@ class _Reader:
         if nx == "(":
             if s.startswith("((", i + 1):
                 raise _Unreadable("arithmetic expansion `$((`")
+            why = self._why
             end = self.list_(i + 2, ")", "subst")
+            self._why = why or "command substitution"  # (the body's own words reset it)
             return end, s[i:end], False
         if nx == "{":
             m = _BRACE_PARAM.match(s, i)
             if m is None:
                 raise _Unreadable("parameter expansion with an operator `${...}`")
+            self._why = self._why or "parameter expansion"
             return m.end(), m.group(), False
         if nx == "[":
             raise _Unreadable("arithmetic expansion `$[`")
@@ -475,8 +498,10 @@ class _Reader:
             raise _Unreadable('locale translation $"..."')
         m = _NAME.match(s, i + 1)
         if m is not None:
+            self._why = self._why or "parameter expansion"
             return m.end(), s[i : m.end()], False
         if nx and nx in _SPECIAL_PARAM:
+            self._why = self._why or "parameter expansion"
             return i + 2, s[i : i + 2], False
         return i + 1, "$", True  # a lone `$` is itself
 
@@ -495,6 +520,7 @@ class _Reader:
             raise _Unreadable("backslash, `#` or quote inside backticks")
         inner = _Reader(body)
         inner.list_(0, None, "subst")
+        self.runtime = self.runtime or inner.runtime
         self.out.extend(inner.out)
         self.targets.extend(inner.targets)
         self.writes.extend(inner.writes)
@@ -588,7 +614,7 @@ def read_command(cmd: str) -> Reading:
         return Reading(tuple(r.out), str(e), tuple(r.targets), tuple(r.writes))
     except RecursionError:
         return Reading((), "nested too deeply")
-    return Reading(tuple(r.out), None, tuple(r.targets), tuple(r.writes))
+    return Reading(tuple(r.out), None, tuple(r.targets), tuple(r.writes), r.runtime)
 
 
 read_command_cached = lru_cache(maxsize=1024)(read_command)
