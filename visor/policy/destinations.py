@@ -236,6 +236,9 @@ _LOOSE_AT = re.compile(r"\\@|[ \t]{1,8}@[ \t]{0,8}|@[ \t]{1,8}")
 _LOOSE_QUOTED = re.compile(r"['`]([^\s'`@]{1,64})['`](?=@)")
 _LOOSE_ESCAPES = re.compile(r"\\[ntr]")
 _LOOSE_DOTS = str.maketrans({"\u3002": ".", "\uff61": "."})
+# A chunk (of a text split at blanks) that shows a loose spelling: "@" at its edge (blanks
+# around it), `\@`, `'eve'@`.
+_LOOSE_CHUNK = re.compile(r"^@|@$|[\\'`]@")
 
 
 def _address_spellings(match: str) -> Iterator[str]:
@@ -252,7 +255,8 @@ def _address_spellings(match: str) -> Iterator[str]:
 
 
 def _loosen(text: str) -> str:
-    """``text`` with the loose spellings of addresses above made plain (output only)."""
+    """``text`` with the loose spellings of addresses above made plain (output only; called for
+    the texts that show one, `OutputIndex.add`: its substitutions try every blank)."""
     s = text
     if "\\" in s:
         s = _LOOSE_ESCAPES.sub(" ", s)
@@ -881,24 +885,44 @@ class OutputIndex:
             return
         if text in self._seen_texts:
             return  # a short text indexed before, phone numbers and all
-        seen = self._seen_chunks
         cleaned = _clean(text)
         variants: tuple[str, ...] = (text,) if cleaned == text.strip() else (text, cleaned)
-        if "@" in cleaned or "\\" in cleaned or not cleaned.isascii():
-            loose = _loosen(cleaned)
-            if loose != cleaned:
-                variants = (*variants, loose)
         # Whitespace-separated chunks first (a C-speed split, each distinct
         # chunk once), then the regexes only on chunks that can hold a match.
         chunks: set[str] = set()
         for v in variants:
             chunks.update(v.split())
+        grouped, loose_spelled = self._index_chunks(chunks)
+        if loose_spelled or "\\" in cleaned or not cleaned.isascii():
+            # An address spelled loosely (`eve @ x.example`, `\@`, `'eve'@`, JSON escapes, an
+            # ideographic full stop): the text once more with it made plain.
+            loose = _loosen(cleaned)
+            if loose != cleaned:
+                variants = (*variants, loose)
+                grouped |= self._index_chunks(set(loose.split()) - chunks)[0]
+        for v in variants:
+            self._phones(v)
+            if grouped:
+                self._ibans(v)
+        if len(text) <= self._SHORT:
+            texts = self._seen_texts
+            if len(texts) >= self._SHORT_CAP:
+                texts.clear()
+            texts.add(text)
+
+    def _index_chunks(self, chunks: set[str]) -> tuple[bool, bool]:
+        """Index each chunk not seen before. (Whether one looks like the head of a grouped IBAN,
+        and whether one shows an address spelled loosely, which `_loosen` makes plain.)"""
+        seen = self._seen_chunks
         short = self._SHORT
         chunk_keys = self._chunk
         grouped = False  # a chunk like "DE89": perhaps the head of a grouped IBAN
+        loose = False
         for chunk in chunks:
             if len(chunk) == 4 and chunk[2:].isdigit() and chunk[:2].isalpha():
                 grouped = True
+            if not loose and "@" in chunk and _LOOSE_CHUNK.search(chunk) is not None:
+                loose = True  # (before the seen short cut: the spelling spans chunks)
             if chunk in seen or _alpha(chunk):
                 continue
             chunk_keys(chunk)
@@ -906,15 +930,7 @@ class OutputIndex:
                 if len(seen) >= self._SHORT_CAP:
                     seen.clear()
                 seen.add(chunk)
-        for v in variants:
-            self._phones(v)
-            if grouped:
-                self._ibans(v)
-        if len(text) <= short:
-            texts = self._seen_texts
-            if len(texts) >= self._SHORT_CAP:
-                texts.clear()
-            texts.add(text)
+        return grouped, loose
 
     def _phones(self, v: str) -> None:
         keys = self._keys
