@@ -10,6 +10,7 @@ in visor/policy/ruletypes.py.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -44,12 +45,69 @@ def _strings(value: object) -> Iterator[str]:
                 yield from _strings(v)
 
 
-def named_strings(arguments: dict[str, Any], names: frozenset[str]) -> list[str]:
+#: Longer member names are no parameter of any server (and cost a snake_case form each).
+_MAX_NAME = 1024
+_snake = lru_cache(maxsize=8192)(snake)
+
+
+def _is_named(key: object, names: frozenset[str]) -> bool:
+    return isinstance(key, str) and len(key) <= _MAX_NAME and (key in names or _snake(key) in names)
+
+
+def _mappings(arguments: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The arguments and every mapping inside them, at any depth, shallowest
+    first. A server whose parameter is a model (a pydantic model of the MCP
+    Python SDK, a Go struct) reads the members of that model as surely as a
+    top-level argument: ``{"req": {"sql": "DROP ..."}}`` runs the SQL."""
+    queue: list[Any] = [arguments]
+    i = 0
+    while i < len(queue):
+        node = queue[i]
+        i += 1
+        if type(node) is dict:
+            yield node
+            queue.extend(v for v in node.values() if type(v) is dict or type(v) is list)
+        else:
+            queue.extend(v for v in node if type(v) is dict or type(v) is list)
+
+
+#: ``(name, snake_case name, value)`` of every member at any depth, shallowest first.
+Members = list[tuple[str, str, Any]]
+
+
+def members(arguments: dict[str, Any]) -> Members:
+    """Every member of the arguments at any depth whose name could be one a rule reads."""
+    return [
+        (k, k if k.isascii() and _SNAKE_CHANGES.search(k) is None else _snake(k), v)
+        for m in _mappings(arguments)
+        for k, v in m.items()
+        if isinstance(k, str) and len(k) <= _MAX_NAME
+    ]
+
+
+# An ASCII name without these is its own snake_case form.
+_SNAKE_CHANGES = re.compile(r"[A-Z-]")
+
+
+def _select(found: Members, names: frozenset[str]) -> list[tuple[str, Any]]:
+    return [(k, v) for k, s, v in found if k in names or s in names]
+
+
+def named_members(arguments: dict[str, Any], names: frozenset[str]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of every member, at any depth, named one of ``names``
+    (as written or in snake_case)."""
+    return _select(members(arguments), names)
+
+
+def _named_strings(found: list[tuple[str, Any]]) -> list[str]:
     out: list[str] = []
-    for k, v in arguments.items():
-        if k in names or snake(k) in names:
-            out.extend(_strings(v))
+    for _k, v in found:
+        out.extend(_strings(v))
     return out
+
+
+def named_strings(arguments: dict[str, Any], names: frozenset[str]) -> list[str]:
+    return _named_strings(named_members(arguments, names))
 
 
 # ------------------------------------------------------------ shell splitting
@@ -106,10 +164,11 @@ class CallView:
     """The call's arguments with the expensive splits done once per call,
     however many rules read them."""
 
-    __slots__ = ("_commands", "_parsed", "_queries", "_readings", "_recipients", "args")
+    __slots__ = ("_commands", "_members", "_parsed", "_queries", "_readings", "_recipients", "args")
 
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = args
+        self._members: Members | None = None
         self._commands: list[Split] | None = None
         self._readings: list[CommandReading] | None = None
         self._queries: list[Split] | None = None
@@ -124,15 +183,26 @@ class CallView:
             self._parsed[value] = hit
         return hit
 
+    def named(self, names: frozenset[str]) -> list[tuple[str, Any]]:
+        """``named_members`` of the arguments, the walk done once per call."""
+        if self._members is None:
+            self._members = members(self.args)
+        return _select(self._members, names)
+
+    def strings(self, names: frozenset[str]) -> list[str]:
+        return _named_strings(self.named(names))
+
     def recipients(self) -> list[str]:
         if self._recipients is None:
-            self._recipients = recipient_values(self.args)
+            if self._members is None:
+                self._members = members(self.args)
+            self._recipients = _recipient_values(self._members)
         return self._recipients
 
     def readings(self) -> list[CommandReading]:
         """How each command argument reads (see ``_command_split``)."""
         if self._readings is None:
-            self._readings = [_command_reading(cmd) for cmd in named_strings(self.args, COMMAND_ARGS)]
+            self._readings = [_command_reading(cmd) for cmd in self.strings(COMMAND_ARGS)]
         return self._readings
 
     def commands(self) -> list[Split]:
@@ -157,7 +227,7 @@ class CallView:
 
     def queries(self) -> list[Split]:
         if self._queries is None:
-            self._queries = [_query_reading(q) for q in named_strings(self.args, QUERY_ARGS)]
+            self._queries = [_query_reading(q) for q in self.strings(QUERY_ARGS)]
         return self._queries
 
 
@@ -286,9 +356,13 @@ def allow_query_pattern(rule: Rule, view: CallView) -> str | None:
 
 
 def recipient_values(args: dict[str, Any]) -> list[str]:
+    return _recipient_values(members(args))
+
+
+def _recipient_values(found: Members) -> list[str]:
     out: list[str] = []
-    for k, v in args.items():
-        if k in RECIPIENT_ARGS or snake(k) in RECIPIENT_ARGS or dst.is_destination_name(k):
+    for k, s, v in found:  # a recipient inside a model parameter is one too
+        if k in RECIPIENT_ARGS or s in RECIPIENT_ARGS or dst.is_destination_name(k):
             out.extend(dst.iter_values(v))
     return out
 
@@ -316,14 +390,30 @@ def allow_recipient_domain(rule: Rule, view: CallView) -> str | None:
 _REPO_URL = re.compile(r"^(?:https?://|git@|ssh://git@)[^/:]+[/:]", re.I)
 
 
+OWNER_ARGS = frozenset({"owner", "org", "organization"})
+
+
 def repo_names(args: dict[str, Any]) -> list[str]:
-    owner = next((v for k, v in args.items() if snake(k) in ("owner", "org", "organization")), None)
+    """Every repository the call may name, ``owner/name`` (or a bare name when
+    no owner is given). A bare repository name is read with every owner-like
+    member of its own mapping: a server taking ``org`` ignores an ``owner``
+    sent beside it, so ``{owner: me, org: evil, repo: x}`` names ``evil/x`` too."""
     out: list[str] = []
-    for value in named_strings(args, REPO_ARGS):
-        v = _REPO_URL.sub("", value.strip()).removesuffix(".git").strip("/").casefold()
-        if "/" not in v and isinstance(owner, str) and owner:
-            v = f"{owner.strip().casefold()}/{v}"
-        out.append(v)
+    for m in _mappings(args):
+        owners = [
+            o.strip().casefold()
+            for k, o in m.items()
+            if _is_named(k, OWNER_ARGS) and isinstance(o, str) and o.strip()
+        ]
+        for k, value in m.items():
+            if not _is_named(k, REPO_ARGS):
+                continue
+            for text in _strings(value):
+                v = _REPO_URL.sub("", text.strip()).removesuffix(".git").strip("/").casefold()
+                if "/" not in v and owners:
+                    out.extend(f"{o}/{v}" for o in owners)
+                else:
+                    out.append(v)
     return out
 
 
@@ -348,36 +438,121 @@ def _number(v: object) -> int | float | None:
     return int(n) if n == int(n) else n
 
 
+def _content_size(v: object) -> int | float:
+    """The bytes a server may write for a content argument: the UTF-8 length
+    of a string; for anything else (a list of lines, an object, numbers) the
+    length of its JSON text, which is no shorter than the strings and items
+    in it; unbounded when it cannot be measured."""
+    if isinstance(v, str):
+        return len(v.encode("utf-8", "surrogatepass"))
+    try:
+        return len(json.dumps(v, ensure_ascii=True, separators=(",", ":")))
+    except (TypeError, ValueError, RecursionError):
+        return math.inf
+
+
 def max_file_size(rule: Rule, view: CallView) -> str | None:
-    args = view.args
     assert rule.limit is not None
-    for k, v in args.items():
-        s = snake(k)
-        size: int | float | None = None
-        if s in SIZE_ARGS:
-            size = _number(v)
-        elif s in CONTENT_ARGS and isinstance(v, str):
-            size = len(v.encode("utf-8", "surrogatepass"))
+    for k, v in view.named(_SIZED_ARGS):
+        size = _number(v) if (k in SIZE_ARGS or _snake(k) in SIZE_ARGS) else _content_size(v)
         if size is not None and size > rule.limit:
             return f"{k} is {size} bytes, over the limit of {rule.limit}"
     return None
 
 
-_SQL_LIMIT = re.compile(r"\blimit\s+(\d+)", re.I)
+_SIZED_ARGS = SIZE_ARGS | CONTENT_ARGS
+
+
+def _sql_code(q: str, mysql: bool) -> str:
+    """The query with string literals, quoted identifiers and comments blanked
+    out, read one way: standard (``''`` escapes, ``--`` comments to the end of
+    the line) or MySQL's (backslash escapes too, ``-- `` and ``#`` comments
+    that also end at a carriage return). A comment becomes a space, a quoted
+    text an empty one (``''``)."""
+    out: list[str] = []
+    i, n = 0, len(q)
+    while i < n:
+        c = q[i]
+        if c in "'\"`":
+            j = i + 1
+            while j < n:
+                if mysql and q[j] == "\\":
+                    j += 2
+                    continue
+                if q[j] == c:
+                    if j + 1 < n and q[j + 1] == c:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            out.append(c + c)
+            i = j + 1
+            continue
+        comment_end: int | None = None
+        if q.startswith("/*", i):
+            j = q.find("*/", i + 2)
+            comment_end = n if j < 0 else j + 2
+        elif (q.startswith("--", i) and (not mysql or i + 2 >= n or q[i + 2] in " \t\n\r\f\v")) or (
+            mysql and c == "#"
+        ):
+            ends = [j for j in (q.find("\n", i), q.find("\r", i) if mysql else -1) if j >= 0]
+            comment_end = min(ends) if ends else n
+        if comment_end is not None:
+            out.append(" ")
+            i = comment_end
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+_SQL_LIMIT = re.compile(r"\blimit\b", re.I)
+# A count as a DB reads it: decimal digits, a second one after a comma (MySQL's and
+# SQLite's `LIMIT offset, count`), then the end, `;`, `)` or a word (OFFSET).
+_SQL_COUNT = re.compile(r"\s+(\d+)(?![\w.])(?:\s*,\s*(\d+)(?![\w.]))?(?=\s*(?:$|[;)]|[A-Za-z]))")
+# A plain word after `limit` in text that is not SQL ("the speed limit signs"); a word that
+# starts an expression (`ALL`, `NULL`, `CASE`, a function call, `x'..'`) is not one.
+_SQL_WORD = re.compile(r"\s+([A-Za-z_]\w*)(?!\s*[('\".:\[]|\w)")
+# What cannot start a count: the end, or punctuation no expression starts with (`.5e4` can).
+_SQL_NOT_CLAUSE = re.compile(r"\s*(?:$|[,!\]}]|\.(?!\d))")
+_SQL_EXPRESSION_WORDS = frozenset(
+    {"all", "null", "case", "cast", "not", "exists", "select", "values", "with", "true", "false", "interval"}
+)
+
+
+def sql_limits(query: str) -> list[int | None]:
+    """The row counts of every ``LIMIT`` in ``query`` under every reading of
+    its quoting and comments; None for a ``LIMIT`` whose count is not a plain
+    number (``LIMIT 0x1000``, ``LIMIT -1``, ``LIMIT (4000)``, ``LIMIT 40*100``,
+    ``LIMIT ALL``): a DB computes it, Visor cannot read it with certainty."""
+    out: list[int | None] = []
+    for code in dict.fromkeys((_sql_code(query, False), _sql_code(query, True))):
+        for m in _SQL_LIMIT.finditer(code):
+            count = _SQL_COUNT.match(code, m.end())
+            if count is not None:
+                out.extend(int(g) for g in count.groups() if g is not None)
+                continue
+            word = _SQL_WORD.match(code, m.end())
+            if word is not None and word.group(1).casefold() not in _SQL_EXPRESSION_WORDS:
+                continue  # "limit" as a word, not a clause
+            if _SQL_NOT_CLAUSE.match(code, m.end()):
+                continue  # "limit" at the end or before punctuation: no count, no clause
+            out.append(None)
+    return out
 
 
 def max_result_rows(rule: Rule, view: CallView) -> str | None:
-    args = view.args
     assert rule.limit is not None
-    for k, v in args.items():
-        if snake(k) in ROW_ARGS:
-            n = _number(v)
-            if n is not None and n > rule.limit:
-                return f"{k} asks for {n} rows, over the limit of {rule.limit}"
-    for q in named_strings(args, QUERY_ARGS):
-        for m in _SQL_LIMIT.finditer(q):
-            if int(m.group(1)) > rule.limit:
-                return f"query LIMIT {m.group(1)} is over the limit of {rule.limit} rows"
+    for k, v in view.named(ROW_ARGS):
+        n = _number(v)
+        if n is not None and n > rule.limit:
+            return f"{k} asks for {n} rows, over the limit of {rule.limit}"
+    for q in view.strings(QUERY_ARGS):
+        for count in sql_limits(q):
+            if count is None:
+                return "query has a LIMIT whose row count cannot be read with certainty"
+            if count > rule.limit:
+                return f"query LIMIT {count} is over the limit of {rule.limit} rows"
     return None
 
 
