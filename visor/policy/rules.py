@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from visor.policy import destinations as dst
-from visor.policy import readings, shell
+from visor.policy import readings, shell, sql
 from visor.policy.paths import snake
 from visor.policy.schema import Rule
 
@@ -134,6 +134,8 @@ def _variants(s: str) -> tuple[str, ...]:
 
 
 def split_sql(query: str) -> list[str]:
+    """A rough split at every `;` outside quotes, comments or not: more texts for deny patterns
+    only (a database's own statements are visor.policy.sql's)."""
     parts: list[str] = []
     cur: list[str] = []
     quote: str | None = None
@@ -264,10 +266,14 @@ def _command_split(cmd: str) -> CommandReading:
 
 
 def _query_split(q: str) -> Split:
+    """``(query, its statements under every reading, every text a deny pattern must not match)``
+    (visor/policy/sql.py). The texts keep the old rough split too: a deny list only gets stricter."""
+    reading = sql.read_query(q)
     stripped = _SQL_COMMENT.sub(" ", q)
-    statements = split_sql(q)
-    texts = dict.fromkeys([q, stripped, *statements, *split_sql(stripped)])
-    return q, tuple(statements), tuple(texts)
+    texts = dict.fromkeys(
+        [q, *reading.codes, *reading.statements, stripped, *split_sql(q), *split_sql(stripped)]
+    )
+    return q, reading.statements, tuple(texts)
 
 
 _cached_command_split = lru_cache(maxsize=1024)(_command_split)
@@ -463,49 +469,6 @@ def max_file_size(rule: Rule, view: CallView) -> str | None:
 _SIZED_ARGS = SIZE_ARGS | CONTENT_ARGS
 
 
-def _sql_code(q: str, mysql: bool) -> str:
-    """The query with string literals, quoted identifiers and comments blanked
-    out, read one way: standard (``''`` escapes, ``--`` comments to the end of
-    the line) or MySQL's (backslash escapes too, ``-- `` and ``#`` comments
-    that also end at a carriage return). A comment becomes a space, a quoted
-    text an empty one (``''``)."""
-    out: list[str] = []
-    i, n = 0, len(q)
-    while i < n:
-        c = q[i]
-        if c in "'\"`":
-            j = i + 1
-            while j < n:
-                if mysql and q[j] == "\\":
-                    j += 2
-                    continue
-                if q[j] == c:
-                    if j + 1 < n and q[j + 1] == c:
-                        j += 2
-                        continue
-                    break
-                j += 1
-            out.append(c + c)
-            i = j + 1
-            continue
-        comment_end: int | None = None
-        if q.startswith("/*", i):
-            j = q.find("*/", i + 2)
-            comment_end = n if j < 0 else j + 2
-        elif (q.startswith("--", i) and (not mysql or i + 2 >= n or q[i + 2] in " \t\n\r\f\v")) or (
-            mysql and c == "#"
-        ):
-            ends = [j for j in (q.find("\n", i), q.find("\r", i) if mysql else -1) if j >= 0]
-            comment_end = min(ends) if ends else n
-        if comment_end is not None:
-            out.append(" ")
-            i = comment_end
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
 _SQL_LIMIT = re.compile(r"\blimit\b", re.I)
 # A count as a DB reads it: decimal digits, a second one after a comma (MySQL's and
 # SQLite's `LIMIT offset, count`), then the end, `;`, `)` or a word (OFFSET).
@@ -526,7 +489,7 @@ def sql_limits(query: str) -> list[int | None]:
     number (``LIMIT 0x1000``, ``LIMIT -1``, ``LIMIT (4000)``, ``LIMIT 40*100``,
     ``LIMIT ALL``): a DB computes it, Visor cannot read it with certainty."""
     out: list[int | None] = []
-    for code in dict.fromkeys((_sql_code(query, False), _sql_code(query, True))):
+    for code in sql.read_query_cached(query).blanked:
         for m in _SQL_LIMIT.finditer(code):
             count = _SQL_COUNT.match(code, m.end())
             if count is not None:
