@@ -284,3 +284,25 @@ def test_output_spellings_of_an_address_are_indexed(text: str) -> None:
     # a colleague the output never showed still passes by the domain entry
     other = decide(PROVENANCE, s, "send", to="alice@corp.example", body="x")
     assert other.action == "allow", other
+
+
+@pytest.mark.parametrize("url", ["https://", "https://:443/x", "https://[::1/x"])
+def test_a_url_with_no_host_any_reader_finds_is_denied_by_a_deny_domain_rule(url: str) -> None:
+    # What it reaches is unknown: a deny list cannot vouch for it (an allow list already refused it).
+    policy = policy_from(
+        """
+version: "1.0"
+default_action: deny
+settings: {session_max_calls: 0, session_timeout_seconds: 0}
+servers:
+  - name: web
+    allowed: true
+    tools:
+      - name: fetch
+        allowed: true
+        rules:
+          - {type: deny_recipient_domain, domains: ["evil.example"]}
+"""
+    )
+    d = decide(policy, session_for(policy, "web"), "fetch", url=url)
+    assert d.action == "deny" and "cannot be parsed" in d.reason, d

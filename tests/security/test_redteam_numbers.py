@@ -235,3 +235,30 @@ def test_visor_still_allows_the_calls_within_the_policy(tmp_path: Path) -> None:
     answers, received = _through_visor(tmp_path, ALLOWED)
     assert [a for a in answers if _denied(a)] == []
     assert received == [want for _t, _a, want in ALLOWED]
+
+
+def test_arg_patterns_hold_for_a_member_of_that_name_at_any_depth() -> None:
+    # A model parameter's member is read by its server as surely as an argument: the pattern an
+    # argument of that name must match holds for it too (it held for top-level names only).
+    from tests.policy.helpers import decide, policy_from, session_for
+
+    policy = policy_from(
+        """
+version: "1.0"
+default_action: deny
+settings: {session_max_calls: 0, session_timeout_seconds: 0}
+servers:
+  - name: git
+    allowed: true
+    tools:
+      - name: push
+        allowed: true
+        arg_patterns: {branch: "feature/[a-z0-9-]+"}
+"""
+    )
+    s = session_for(policy, "git")
+    assert decide(policy, s, "push", branch="feature/x").action == "allow"
+    assert decide(policy, s, "push", branch="main").action == "deny"
+    assert decide(policy, s, "push", req={"branch": "main"}).action == "deny"
+    assert decide(policy, s, "push", req={"opts": [{"branch": "main"}]}).action == "deny"
+    assert decide(policy, s, "push", req={"branch": "feature/y"}).action == "allow"

@@ -259,7 +259,7 @@ def check_command_paths(c: _Ctx) -> Decision | None:
     """Sensitive files named inside a shell command: its arguments (`cat .env`,
     `grep -r key ~/.ssh`, `--key-file=id_rsa`) and its redirections
     (`< ~/.aws/credentials`), read as bash reads the command."""
-    texts = rules.named_strings(c.call.arguments, rules.COMMAND_ARGS)
+    texts = c.view.strings(rules.COMMAND_ARGS)  # (the arguments' walk, done once per call)
     if not texts:
         return None
     extra = c.policy.settings.sensitive_paths
@@ -380,17 +380,17 @@ def check_arg_patterns(c: _Ctx) -> Decision | None:
     entry = c.entry
     if entry is None or not entry.arg_patterns:
         return None
-    args = c.call.arguments
     for name, rx in entry.arg_patterns:
-        if name not in args:
-            continue
-        for value in dst.iter_values(args[name]):
-            if rx.fullmatch(value) is None:
-                return _deny(
-                    f"{c.prefix}.arg_patterns",
-                    f"argument {name!r} does not match {rx.pattern!r}",
-                    argument=name,
-                )
+        # every member of that name, at any depth (a model parameter's members are read by its
+        # server as surely as an argument)
+        for _k, member in c.view.named(frozenset((name,))):
+            for value in dst.iter_values(member):
+                if rx.fullmatch(value) is None:
+                    return _deny(
+                        f"{c.prefix}.arg_patterns",
+                        f"argument {name!r} does not match {rx.pattern!r}",
+                        argument=name,
+                    )
     return None
 
 

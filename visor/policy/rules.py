@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from visor.policy import destinations as dst
-from visor.policy import readings, shell, sql
+from visor.policy import readings, shell, sql, urls
 from visor.policy.paths import snake
 from visor.policy.schema import Rule
 
@@ -378,7 +378,8 @@ def deny_recipient_domain(rule: Rule, view: CallView) -> str | None:
         for d in view.parse(value):
             if d.domain and any(dst.domain_within(d.domain, p) for p in rule.domains):
                 return f"recipient domain {d.domain!r} is denied"
-            if d.kind == "opaque" and "@" in d.value:
+            if d.kind == "opaque" and ("@" in d.value or (d.domain is None and urls.looks_like_url(d.value))):
+                # an address, or a URL with no host any reader finds: what it reaches is unknown
                 return f"recipient {d.value[:80]!r} cannot be parsed"
     return None
 
