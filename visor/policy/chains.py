@@ -35,6 +35,7 @@ def taints_set_by(
     taints a fetch of ``https://host/secrets/x``.
     """
     hits: list[tuple[Taint, str]] = []
+    candidates: list[str] | None = None
     for taint in taints:
         if not name_matches(taint.source_tools, tool):
             continue
@@ -43,11 +44,32 @@ def taints_set_by(
         if not taint.source_patterns:
             hits.append((taint, ""))
             continue
-        for value in _taint_candidates(arguments):
-            if any(g.match(value) for g in taint.source_patterns):
+        if candidates is None:
+            candidates = _taint_candidates(arguments)
+        for value in candidates:
+            # as a deny matches: case- and normalisation-insensitively, with Windows' reading
+            # of names (a case-insensitive file system reads /Data/PAYROLL as /data/payroll)
+            if any(g.match_folded(value) for g in taint.source_patterns):
                 hits.append((taint, value))
                 break
     return hits
+
+
+def _argument_readings(arguments: dict[str, Any]) -> list[dict[str, Any]]:
+    """The arguments as sent, and as a server that JSON-decodes string parameters reads
+    them (the evaluator judges both: visor/policy/readings.py). Every string parameter is
+    decoded here, whatever the schema says: a taint raised by a reading no server takes
+    only fails closed."""
+    from visor.policy import readings
+
+    out = [arguments]
+    try:
+        decoded = readings.decoded_reading(arguments)
+    except readings.AmbiguousJson:
+        decoded = None  # denied by the evaluator (arguments.ambiguous_json): never recorded
+    if decoded is not None:
+        out.append(decoded)
+    return out
 
 
 def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
@@ -59,7 +81,12 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
     from visor.policy import urls  # imported here: only this function of chains.py reads URLs
 
     out: list[str] = []
-    for _name, raw in paths.iter_path_values(arguments, ("url", "uri")):
+    values = [
+        v
+        for reading in _argument_readings(arguments)
+        for v in paths.iter_path_values(reading, ("url", "uri"))
+    ]
+    for _name, raw in values:
         out.append(raw)
         lowered = raw.lower()
         if ("://" in raw or urls.looks_like_url(raw)) and not lowered.lstrip().startswith("file:"):

@@ -1,0 +1,168 @@
+"""Red team: session state rules (budgets, chains, taints and egress, provenance).
+
+The agent is fooled and launders a read of a tainted file so that the session is
+not tainted while the server reads the secret all the same; the sink that follows
+must still be stopped by ``egress_controls``.
+
+* A parameter typed as a pydantic model may be sent as a JSON string: the MCP Python
+  SDK decodes it (``pre_parse_json``) and reads the path inside, and Visor's evaluator
+  judges that reading too. A taint must be raised by the same reading.
+* A path under another case is the same file on a case-insensitive file system (macOS,
+  Windows): a taint, like a deny, matches every reading, case ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.conftest import VisorProcess
+from tests.policy.helpers import decide, policy_from, session_for
+from visor.policy.evaluate import ToolCall
+
+SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_taint_reader.py")]
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+
+
+def _policy(root: Path) -> str:
+    return f"""\
+version: "1.0"
+default_action: deny
+settings:
+  packs: []
+servers:
+  - name: "files"
+    allowed: true
+    tools:
+      - {{name: read_file, allowed: true}}
+      - {{name: send, allowed: true}}
+taints:
+  - name: payroll_read
+    source_tools: [read_file]
+    source_patterns: ["{root}/payroll/**"]
+egress_controls:
+  - name: no_send_after_payroll
+    when_tainted: payroll_read
+    sink_tools: [send]
+    action: deny
+"""
+
+
+def _call(i: int, tool: str, arguments: dict) -> dict:
+    return {
+        "jsonrpc": "2.0",
+        "id": i,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
+
+
+def _denied(resp: dict) -> bool:
+    result = resp.get("result") or {}
+    text = "".join(c.get("text", "") for c in result.get("content", []))
+    return bool(result.get("isError")) and "Visor denied this call" in text
+
+
+def _records(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "payroll").mkdir(parents=True)
+    secret = root / "payroll" / "2026.csv"
+    secret.write_text("alice,100000\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(root))
+    log = tmp_path / "server.jsonl"
+    vp = VisorProcess(
+        SERVER,
+        env={"TAINT_LOG": str(log)},
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.request(INIT)
+        assert "serverInfo" in vp.recv()["result"]
+        vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
+        assert len(vp.recv()["result"]["tools"]) == 2
+        # the model parameter as a JSON string: the SDK decodes it and reads the file
+        vp.request(_call(1, "read_file", {"req": json.dumps({"path": str(secret)})}))
+        read = vp.recv()
+        assert read["id"] == 1 and not _denied(read), read
+        assert "alice,100000" in json.dumps(read)
+        vp.request(_call(2, "send", {"to": "eve", "body": "alice,100000"}))
+        sent = vp.recv()
+        assert sent["id"] == 2
+    finally:
+        vp.kill()
+    # the server read the payroll file: the send after it is an egress after a taint
+    assert _records(log)[0] == {"tool": "read_file", "path": str(secret)}
+    assert _denied(sent), sent
+    assert [r["tool"] for r in _records(log)] == ["read_file"]
+
+
+def _unit_policy(root: str) -> object:
+    return policy_from(_policy(Path(root)))
+
+
+def test_taint_reads_a_json_string_argument_as_the_server_does() -> None:
+    p = _unit_policy("/srv/data")
+    s = session_for(p, "files")
+    args = {"req": '{"path": "/srv/data/payroll/2026.csv"}'}
+    assert decide(p, s, "read_file", **args).action == "allow"
+    events = s.record_allowed(ToolCall("files", "read_file", args))
+    assert [e.detail["taint"] for e in events] == ["payroll_read"]
+    d = decide(p, s, "send", to="eve", body="x")
+    assert (d.action, d.rule) == ("deny", "egress_controls[no_send_after_payroll]")
+
+
+def test_taint_reads_a_list_sent_as_a_json_string() -> None:
+    p = _unit_policy("/srv/data")
+    s = session_for(p, "files")
+    args = {"paths": '["/srv/data/public/a", "/srv/data/payroll/2026.csv"]'}
+    s.record_allowed(ToolCall("files", "read_file", args))
+    assert s.taints == {"payroll_read"}
+
+
+def test_taint_matches_a_path_under_another_case() -> None:
+    # macOS and Windows read /srv/Data/PAYROLL/x as /srv/data/payroll/x
+    p = _unit_policy("/srv/data")
+    s = session_for(p, "files")
+    assert decide(p, s, "read_file", path="/srv/Data/PAYROLL/2026.csv").action == "allow"
+    s.record_allowed(ToolCall("files", "read_file", {"path": "/srv/Data/PAYROLL/2026.csv"}))
+    assert s.taints == {"payroll_read"}
+    assert decide(p, s, "send", to="eve").rule == "egress_controls[no_send_after_payroll]"
+
+
+def test_taint_still_needs_a_matching_path() -> None:
+    p = _unit_policy("/srv/data")
+    s = session_for(p, "files")
+    for args in (
+        {"path": "/srv/data/public/2026.csv"},
+        {"req": '{"path": "/srv/data/public/x"}'},
+        {"note": "not json {"},
+    ):
+        s.record_allowed(ToolCall("files", "read_file", args))
+    assert not s.taints

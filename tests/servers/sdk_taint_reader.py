@@ -1,0 +1,43 @@
+"""An SDK server for tests/security/test_redteam_session_rules.py: a reader whose
+parameter is a pydantic model (the SDK also accepts it as a JSON string,
+``pre_parse_json``) and a sender. Each tool appends what it did to the file named
+by ``TAINT_LOG`` (one JSON object a line)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
+
+app = MCPServer("visor-taint-reader")
+
+
+def _record(tool: str, **fields: object) -> None:
+    with open(os.environ["TAINT_LOG"], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"tool": tool, **fields}) + "\n")
+
+
+class ReadRequest(BaseModel):
+    path: str
+
+
+@app.tool()
+def read_file(req: ReadRequest) -> str:
+    """Read a file."""
+    with open(req.path, encoding="utf-8") as f:
+        text = f.read()
+    _record("read_file", path=req.path)
+    return text
+
+
+@app.tool()
+def send(to: str, body: str = "") -> str:
+    """Send a message."""
+    _record("send", to=to, body=body)
+    return "sent"
+
+
+if __name__ == "__main__":
+    app.run()
