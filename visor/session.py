@@ -19,6 +19,7 @@ from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
 from visor.policy.effective import Effective, resolve_tool, select_packs
 from visor.policy.schema import Policy, ServerPolicy
+from visor.wire.folding import go_fold
 
 if TYPE_CHECKING:
     from visor.groups.index import GroupIndex
@@ -92,10 +93,25 @@ PINNED_FIELDS = (
 )  # fmt: skip
 # What pin files of format 1 covered: kept to carry those pins over without a gap.
 _PINNED_FIELDS_V1 = ("description", "inputSchema", "annotations", "outputSchema")
+_ALL_FIELDS = frozenset(PINNED_FIELDS)
+
+
+def _variants(obj: dict[str, Any], name: str) -> list[str]:
+    """The members of ``obj`` that a case-insensitive client (Go's ``encoding/json``) reads as
+    ``name`` without being exactly it (``Description``, ``deſcription``)."""
+    folded = go_fold(name)
+    return [k for k in obj if k != name and type(k) is str and go_fold(k) == folded]
 
 
 def _digest(tool: dict[str, Any], fields: tuple[str, ...]) -> str:
     body = {k: tool.get(k) for k in fields}
+    # A client that matches members case-insensitively shows the last of `description` and
+    # `Description`: a variant is pinned with the field it stands for (absent in every
+    # ordinary tool, so their digests are unchanged).
+    if not tool.keys() <= _ALL_FIELDS:
+        for name in fields:
+            for k in _variants(tool, name):
+                body[k] = tool[k]
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -211,7 +227,9 @@ class SessionState:
     # ------------------------------------------------------------ resolution
 
     def _reselect_packs(self) -> None:
-        packs = select_packs(self.policy, self.server_entry, self.server, set(self.pins))
+        # Only tools trusted on first use choose packs: a tool that appeared later is denied
+        # itself, and must not change how the pinned tools are read (their output's fields).
+        packs = select_packs(self.policy, self.server_entry, self.server, set(self.pins) - self.late)
         if packs != self.active_packs or not self._effective:
             self.active_packs = packs
             self._effective.clear()
@@ -263,6 +281,11 @@ class SessionState:
         tools = result.get("tools") if isinstance(result, dict) else None
         if not isinstance(tools, list):
             return []
+        extra = [result[k] for k in _variants(result, "tools") if isinstance(result[k], list)]
+        if extra:
+            # `Tools` next to `tools`: a case-insensitive client lists the other one. Every
+            # tool in either is pinned; one name defined two ways is a changed tool.
+            tools = [t for group in (tools, *extra) for t in group]
         events: list[SessionEvent] = []
         if (
             self.listing_seen
