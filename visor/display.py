@@ -15,18 +15,24 @@ after escaping, by Visor, and only on a terminal without NO_COLOR.
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from typing import Any
 
 # Control (C0, DEL, C1), format (bidi overrides and isolates, zero-width
 # characters), line/paragraph separators, surrogates, private use, unassigned.
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+# Printable to Python yet drawn as nothing (Unicode's default-ignorable marks and fillers, and
+# the braille blank): two arguments that differ only by one would look the same in a prompt.
+_INVISIBLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]"
+)
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def is_unsafe(ch: str) -> bool:
-    """True for a character that must never reach a terminal raw."""
-    return unicodedata.category(ch) in _UNSAFE_CATEGORIES
+    """True for a character that must never reach a terminal raw (or reaches it as nothing)."""
+    return unicodedata.category(ch) in _UNSAFE_CATEGORIES or _INVISIBLE.match(ch) is not None
 
 
 def _escape_char(ch: str) -> str:
@@ -47,7 +53,7 @@ def escape(text: str, *, keep: str = "") -> str:
     `keep` is for layout Visor itself adds (a newline between lines it
     built); values from outside are escaped with nothing kept.
     """
-    if text.isprintable():  # the common case: nothing to do (isprintable is stricter than is_unsafe)
+    if text.isprintable() and _INVISIBLE.search(text) is None:  # the common case: nothing to do
         return text
     return "".join(_escape_char(ch) if ch not in keep and is_unsafe(ch) else ch for ch in text)
 
@@ -76,7 +82,9 @@ def json_text(value: Any) -> str:
 
 def has_unsafe(text: str) -> bool:
     """True if `text` holds a character `escape` would change."""
-    return not text.isprintable() and any(is_unsafe(ch) for ch in text)
+    if text.isprintable() and _INVISIBLE.search(text) is None:
+        return False
+    return any(is_unsafe(ch) for ch in text)
 
 
 # ------------------------------------------------------------------ colour

@@ -415,6 +415,11 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
     files.extend(protected_config_paths(home_dir(), Path.cwd()))
     # The audit signing key: whoever reads it can sign a rewritten log (visor/approval/protected.py).
     dirs.append(signing_key_dir())
+    # $VISOR_HOME/run: where `visor approve` (no --approval-dir) finds the approval directories in
+    # use; an entry a tool wrote would list a directory of its own, or hide the real one.
+    from visor.userfiles import run_dir
+
+    dirs.append(run_dir())
     files.extend(signing_key_files(getattr(args, "signing_key", None)))
     return Protected.of(dirs, files)
 

@@ -12,6 +12,9 @@ from pathlib import Path
 from visor import display
 from visor.approval import directory, model
 
+#: Fewest hex digits of an approval id `visor approve`/`deny` resolve as a prefix.
+MIN_PREFIX = 6
+
 
 def _printable(value: object) -> str:
     # Arguments come from the agent: no terminal control sequence reaches the screen.
@@ -123,6 +126,13 @@ def _resolve(args: argparse.Namespace, prefix: str) -> tuple[Path, str]:
         if not d.is_dir():
             continue
         matches += [(d, p.id) for p in _live(d, time.time()) if p.id.startswith(prefix)]
+    if matches and len(prefix) < MIN_PREFIX:
+        # A prefix is resolved among the requests pending when this runs, not the ones the
+        # human looked at: a request created since (the client cancels the one shown and
+        # cycles others) could take a short one. 24 bits leave it no practical chance.
+        raise directory.AnswerError(
+            f"{prefix!r} is too short: give at least {MIN_PREFIX} hex digits of the approval id"
+        )
     if len(matches) == 1:
         path, full = matches[0]
         directory.check(path)
@@ -203,8 +213,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "approve",
         "list pending approval requests, or approve one by id",
         "Without ID, list the calls waiting for a human in every approval directory in use. "
-        "With ID (or a unique prefix of it), approve that call.",
-        "visor approve\n  visor approve 3f9a",
+        "With ID (or a unique prefix of it, at least 6 digits), approve that call.",
+        "visor approve\n  visor approve 3f9a1c",
     )
     # -approval-dir: mcp-visor's spelling (Go flags), so its users' scripts keep working
     approve.add_argument("--approval-dir", "-approval-dir", metavar="DIR", help=dir_help)
@@ -226,7 +236,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "id",
         nargs="?",
         metavar="ID",
-        help="the request (or a unique prefix of its id) to approve; none lists them",
+        help="the request (or a unique prefix of its id, at least 6 digits) to approve; none lists them",
     )
     approve.set_defaults(func=cmd_approve)
 
@@ -234,8 +244,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "deny",
         "deny one pending approval request",
-        "Deny the waiting call with this ID (or a unique prefix of it); Visor answers the client with an error.",
-        "visor deny 3f9a",
+        "Deny the waiting call with this ID (or a unique prefix of it, at least 6 digits); "
+        "Visor answers the client with an error.",
+        "visor deny 3f9a1c",
     )
     deny.add_argument("--approval-dir", "-approval-dir", metavar="DIR", help=dir_help)
     deny.add_argument("id", metavar="ID")
