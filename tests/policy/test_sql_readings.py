@@ -103,7 +103,7 @@ def _sqlite_runs_drop(query: str) -> bool:
 SQLITE_CASES = [
     *HIDDEN_DROPS.values(),
     "SELECT 'a'';'; DROP TABLE u",
-    "SELECT \"a\"\";\"; DROP TABLE u",
+    'SELECT "a"";"; DROP TABLE u',
     "SELECT `a``;`; DROP TABLE u",
     "SELECT [a;]; DROP TABLE u",
     "SELECT 1 /* ; */ ; DROP TABLE u",
