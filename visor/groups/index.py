@@ -45,6 +45,15 @@ __all__ = ["ASSERTED", "ATTRIBUTED", "OUTPUT", "GroupIndex", "GroupTable"]
 #: the flush happens at once, inside the message (still before it is relayed).
 PENDING_MAX = 65_536
 
+#: Destination kinds that are names in one service's namespace: GitHub's user
+#: ``mallory7`` and the chat service's ``mallory7`` are two people, and a
+#: channel ``ops`` on one service is not the one on another. What a server's
+#: trusted field asserted, or a human approved through it, places such a name
+#: for that server only (its own session); the group never places it for
+#: another. (Seen in output, a name still denies group-wide: more denies only.)
+SERVICE_LOCAL_KINDS = frozenset({"user", "channel"})
+_SERVICE_LOCAL_PREFIXES = tuple(f"{k}:" for k in sorted(SERVICE_LOCAL_KINDS))
+
 
 class GroupTable(dst.TracingTable):
     """A drop-in for the session's local ``DigestTable``/``TracingTable``
@@ -202,6 +211,9 @@ class GroupIndex:
         local = self._tables.get(ASSERTED)
         if local is not None and d.key in local:
             return True
+        if d.kind in SERVICE_LOCAL_KINDS:
+            # a name another service asserted names someone of that service
+            return False
         if self.store is None:
             return None
         if self._npending:
@@ -246,7 +258,13 @@ class GroupIndex:
         return True
 
     def approved(self, dest: str) -> bool | None:
-        """Whether a human approved ``dest`` through any server of the group."""
+        """Whether a human approved ``dest`` through any server of the group.
+
+        A user or channel name (``user:x``, ``channel:x``) is never placed by the
+        group: a yes to a name on one service is no yes to that name on another
+        (the session's own approvals still place it for its server)."""
+        if dest.startswith(_SERVICE_LOCAL_PREFIXES):
+            return False
         if self.store is None:
             return None
         return self.store.approved(dest)
