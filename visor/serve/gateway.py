@@ -33,7 +33,14 @@ from visor.logs import get_logger
 from visor.serve.metrics import CONTENT_TYPE, SNAPSHOT_QUERY, GatewayMetrics
 from visor.serve.metrics import render as render_metrics
 from visor.serve.session import ENDED, Exchange, McpSession, id_key
-from visor.serve.sessionless import VERSION_KEY, Renamed, Renamer, check_request, conversation_key
+from visor.serve.sessionless import (
+    CONVERSATION_PREFIX,
+    VERSION_KEY,
+    Renamed,
+    Renamer,
+    check_request,
+    conversation_key,
+)
 from visor.wire import errors
 from visor.wire.message import Kind, Message, Rejected
 
@@ -55,6 +62,7 @@ _SINGLE_HEADERS = (
     SESSION_HEADER, VERSION_HEADER, "Mcp-Method", "Mcp-Name", "Authorization", "Last-Event-ID",
     "Content-Type", "Origin", "Host",
 )  # fmt: skip
+_SINGLE_FOLDED = frozenset(h.lower() for h in _SINGLE_HEADERS)
 # Ended session ids remembered against re-adoption while the store learns they ended.
 _ENDED_KEEP = 4096
 
@@ -310,6 +318,11 @@ class Gateway:
             return _error(
                 400, errors.INVALID_REQUEST, f"Bad Request: unsupported {VERSION_HEADER} {version[:40]!r}"
             )
+        if sid.startswith(CONVERSATION_PREFIX):
+            # Never minted (a session id is hex): the shared store's record of a 2026-07-28
+            # conversation, which a session id must not reach (adopted as a second session of it
+            # beside the conversation, or ended in the store by a DELETE).
+            return _error(404, errors.INVALID_REQUEST, "Session not found (unknown, ended or expired)")
         session = self.sessions.get(sid)
         if session is None and self.state is not None and sid not in self._ended:
             return await self._adopt(sid, request)
@@ -431,8 +444,13 @@ class Gateway:
         headers = request.headers
         # Only a request that gives some header name twice (in any case) can repeat one of these.
         repeated = None
-        if len({name.lower() for name in headers}) != len(headers):
+        names = {name.lower() for name in headers}
+        if len(names) != len(headers):
             repeated = next((h for h in _SINGLE_HEADERS if len(headers.getall(h, ())) > 1), None)
+        if repeated is None:
+            # CGI and WSGI readers (and proxies that rewrite `_` to `-`) take `Mcp_Name` for
+            # `Mcp-Name`: such a spelling beside, or instead of, the header is another reading.
+            repeated = next((n for n in names if "_" in n and n.replace("_", "-") in _SINGLE_FOLDED), None)
         if repeated is not None:
             # Readers differ on a repeated header (the first, the last, or all joined by commas):
             # a router and Visor could each route or judge by another value. Refused, not guessed.
@@ -496,6 +514,16 @@ class Gateway:
             if request.headers.get(VERSION_HEADER) in errors.MODERN_PROTOCOL_VERSIONS or _claims_modern(msg):
                 return await self._sessionless(request, msg)
             return _error(400, errors.INVALID_REQUEST, f"Bad Request: {SESSION_HEADER} header is required")
+        if _names_revision(msg):
+            # A session's revision is the one its initialize negotiated. A message that names one
+            # of its own in `_meta` would leave the session on the way up (an HTTP upstream sends
+            # such a message without the session id, in its sessionless conversation, which every
+            # session of this gateway shares): judged here in this session, run in none of them.
+            reason = f"params._meta[{VERSION_KEY!r}] has no place in a session (its revision is negotiated)"
+            self._record_reject(
+                session, body, Rejected(errors.INVALID_REQUEST, reason, method=msg.method, tool=msg.tool)
+            )
+            return _error(400, errors.INVALID_REQUEST, f"Bad Request: {reason}", rpc_id=msg.id)
         session.last_active = time.monotonic()
         if msg.kind is not Kind.REQUEST:
             # A notification or a response (to a server's request): accepted once on the relay's input.
@@ -894,6 +922,14 @@ def _claims_modern(msg: Message) -> bool:
     meta = params.get("_meta") if isinstance(params, dict) else None
     version = meta.get(VERSION_KEY) if isinstance(meta, dict) else None
     return type(version) is str and version in errors.MODERN_PROTOCOL_VERSIONS
+
+
+def _names_revision(msg: Message) -> bool:
+    """A message that names a revision of its own in `_meta` (any value: an HTTP upstream sends
+    any such message as a request of that revision, without the session's id)."""
+    params = msg.obj.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and VERSION_KEY in meta
 
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

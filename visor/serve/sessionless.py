@@ -42,6 +42,8 @@ CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
 # Methods whose name or uri the revision mirrors into Mcp-Name.
 NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
 _SENTINEL_HEAD, _SENTINEL_TAIL = "=?base64?", "?="
+#: What every conversation's key begins with (never a minted session id, which is hex).
+CONVERSATION_PREFIX = "conversation-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +113,9 @@ def conversation_key(authorization: str | None) -> str:
     """The conversation of every sessionless request made with this credential (a digest: the
     key names the conversation in audit records and in the shared store, never the token)."""
     if not authorization:
-        return "conversation-anonymous"
+        return CONVERSATION_PREFIX + "anonymous"
     digest = hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return f"conversation-{digest}"
+    return CONVERSATION_PREFIX + digest
 
 
 @dataclass(frozen=True, slots=True)
