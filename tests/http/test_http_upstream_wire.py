@@ -632,3 +632,37 @@ def test_a_close_without_grace_ends_a_graceful_close_and_deletes_once() -> None:
             release.set()
 
     run(main)
+
+
+def test_a_message_naming_its_own_revision_inside_a_session_is_never_sent() -> None:
+    # Sent, it would go without Mcp-Session-Id (as a 2026-07-28 request): judged in the session,
+    # run outside it, in the upstream's sessionless context.
+    async def handler(request: web.Request, body: dict[str, Any] | None) -> web.StreamResponse:
+        if request.method in ("GET", "DELETE"):
+            return web.Response(status=405 if request.method == "GET" else 200)
+        assert body is not None
+        if body.get("method") == "initialize":
+            return web.Response(
+                body=answer(body, INIT_RESULT),
+                content_type="application/json",
+                headers={"Mcp-Session-Id": "s1"},
+            )
+        if "id" not in body:
+            return web.Response(status=202)
+        return web.Response(body=answer(body, {"ok": True}), content_type="application/json")
+
+    async def main() -> None:
+        async with fake_server(handler) as (url, seen):
+            up = HttpUpstream(HttpUpstreamConfig(url))
+            d = Driver(up)
+            await d.initialize()
+            meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+            response, _ = await d.call("tools/call", {"name": "ping", "arguments": {}, "_meta": meta})
+            assert "error" in response and "negotiated session" in response["error"]["message"]
+            ordinary, _ = await d.call("tools/call", {"name": "ping", "arguments": {}})
+            assert ordinary["result"] == {"ok": True}
+            await up.close()
+            posts = [r for r in seen if r.method == "POST"]
+            assert all(r.headers.get("Mcp-Session-Id") == "s1" for r in posts[1:]), "left the session"
+
+    run(main)

@@ -160,6 +160,17 @@ class HttpUpstream:
         await self._initialized.wait()
         if self._closed or self._ended:
             return
+        if self.session_id is not None and _message_revision(msg) is not None:
+            # A session's revision is the one its initialize negotiated. A message naming one of
+            # its own would go without the session's id, to run outside the session it was judged
+            # in (in the upstream's sessionless context, which others may share): never sent.
+            why = "a message that names its own protocol revision has no place in a negotiated session"
+            if msg.kind is Kind.REQUEST:
+                assert msg.id is not None
+                await self._answer(msg.id, why)
+            else:
+                log.warning("upstream_message_refused", url=self.shown_url, method=msg.method, reason=why)
+            return
         if msg.kind is Kind.REQUEST:
             assert msg.id is not None
             if len(self._in_flight) >= self.config.max_in_flight:
