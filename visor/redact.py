@@ -32,6 +32,7 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -108,7 +109,9 @@ BUILTIN: tuple[Pattern, ...] = (
         # in the letter cases people write it (secret_access_key, SECRET_ACCESS_KEY,
         # SecretAccessKey, Secret_Key...), each holding "ecret" or "ECRET": the prefilter and
         # the gate find every form the regex reads (a case-insensitive screen costs 5x).
-        r"(?:[Ss]ecret_?[Aa]ccess_?[Kk]ey|SECRET_?ACCESS_?KEY|[Ss]ecret_?[Kk]ey|SECRET_?KEY)[\"']?\s*[:=]\s*[\"']?"
+        # The quotes may be escaped: JSON text inside a string (a tool's JSON result that
+        # holds a command's JSON output, a log line) spells them \" or \\\".
+        r"(?:[Ss]ecret_?[Aa]ccess_?[Kk]ey|SECRET_?ACCESS_?KEY|[Ss]ecret_?[Kk]ey|SECRET_?KEY)(?:\\{0,8}[\"'])?\s*[:=]\s*(?:\\{0,8}[\"'])?"
         r"(?P<secret>[A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
         ("ecret", "ECRET"),
         boundary=False,
@@ -237,11 +240,106 @@ class PatternSet:
             if count[0]:
                 text = new
                 hits.append((pat.name, count[0]))
+        if "\\" in text and _HIDING_ESCAPE.search(text) is not None:
+            text = self._redact_escaped(text, hits)
         return text, hits
+
+    def _redact_escaped(self, text: str, hits: list[tuple[str, int]]) -> str:
+        """Secrets that JSON escapes inside the string spell (``\\u0067hp_...``, ``:\\/\\/``).
+
+        A string that is itself JSON text is read again by its consumer (the MCP SDK parses a
+        string argument for a non-string parameter with json.loads), which turns the escapes
+        into the secret. The patterns run over the unescaped reading; each match's escape
+        tokens are replaced in `text`, so the string stays the same JSON text with the secret
+        gone. Only strings with a \\u or \\/ escape come here.
+        """
+        # A quick reading first (C speed; it also reads escapes JSON has not, which only
+        # widens it): most such strings spell no secret, and then nothing else is done.
+        # A malformed escape ("\\u12", "\\x") spells nothing to a JSON parser either: "replace".
+        quick = (
+            text.replace("\\/", "/").encode("ascii", "backslashreplace").decode("unicode_escape", "replace")
+        )
+        if not any(
+            (not p.gate or any(g in quick for g in p.gate)) and p.regex.search(quick) is not None
+            for p in self.patterns
+        ):
+            return text
+        # The exact reading. Token k of the escapes: view index dpos[k] came from
+        # text[opos[k]:oend[k]]; an unescaped view index i maps to i + shift of the
+        # last token before it.
+        dpos: list[int] = []
+        opos: list[int] = []
+        oend: list[int] = []
+        out: list[str] = []
+        pos = 0
+        n_view = 0
+        for m in _JSON_ESCAPE.finditer(text):
+            s0 = m.start()
+            if s0 > pos:
+                out.append(text[pos:s0])
+                n_view += s0 - pos
+            code = m.group(1)
+            out.append(chr(int(code, 16)) if code is not None else _UNESCAPE.get(m.group(2), m.group(2)))
+            dpos.append(n_view)
+            opos.append(s0)
+            oend.append(m.end())
+            n_view += 1
+            pos = m.end()
+        out.append(text[pos:])
+        view = "".join(out)
+
+        def span(i: int) -> tuple[int, int]:
+            k = bisect.bisect_right(dpos, i) - 1
+            if k < 0:
+                return i, i + 1
+            if dpos[k] == i:
+                return opos[k], oend[k]
+            o = i - dpos[k] - 1 + oend[k]
+            return o, o + 1
+
+        spans: list[tuple[int, int, str]] = []
+        for pat in self.patterns:
+            if pat.gate and not any(g in view for g in pat.gate):
+                continue
+            keep = "secret" in pat.regex.groupindex
+            n = 0
+            for m in pat.regex.finditer(view):
+                a, b = m.span("secret") if keep and m.start("secret") >= 0 else m.span()
+                if b <= a:
+                    continue
+                if pat.boundary and m.start() > 0 and _is_word(view[m.start() - 1]):
+                    continue
+                spans.append((span(a)[0], span(b - 1)[1], pat.replacement))
+                n += 1
+            if n:
+                hits.append((pat.name, n))
+        if not spans:
+            return text
+        # Replaced right to left; an overlapping later span is folded into the earlier one.
+        spans.sort()
+        merged: list[tuple[int, int, str]] = []
+        for a, b, rep in spans:
+            if merged and a < merged[-1][1]:
+                pa, pb, prep = merged[-1]
+                merged[-1] = (pa, max(pb, b), prep)
+            else:
+                merged.append((a, b, rep))
+        for a, b, rep in reversed(merged):
+            text = text[:a] + rep + text[b:]
+        return text
+
+
+# An escape that can spell a pattern's literal in a string that is JSON text itself.
+_HIDING_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}|/)")
+# One JSON escape, as a JSON parser reads it (``\\\\`` is one token, so ``\\\\u0067`` is no g).
+_JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|([\"\\/bfnrt]))")
+_UNESCAPE = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
 def _is_word(ch: str) -> bool:
-    return ch.isalnum() or ch == "_"
+    # ASCII only: a token glued to CJK text ("令牌是ghp_...") or to an accented letter is
+    # still a token, and every built-in key format is ASCII.
+    return ch.isascii() and (ch.isalnum() or ch == "_")
 
 
 def _replacer(pat: Pattern, count: list[int]) -> Callable[[re.Match[str]], str]:
@@ -382,12 +480,17 @@ def redact_value(
     if t is dict:
         # With `skip_binary` (a server's output): an image's or audio's `data` and a resource's
         # `blob` are base64, not text a model reads; a replacement inside them would corrupt them.
-        binary = skip_binary and "mimeType" in value and value.get("type") in ("image", "audio")
+        # Only where MCP puts them (a content block, resource contents): a `blob` or an
+        # image-shaped object inside structuredContent, `_meta` or a log message is text.
+        image = blob = False
+        if skip_binary and ("data" in value or "blob" in value) and _BINARY_AT.match(path):
+            image = "mimeType" in value and value.get("type") in ("image", "audio")
+            blob = "uri" in value
         out: dict[str, Any] | None = None
         for k, v in value.items():
             if type(v) not in (str, dict, list):
                 continue
-            if skip_binary and ((binary and k == "data") or (k == "blob" and type(v) is str)):
+            if (image and k == "data") or (blob and k == "blob" and type(v) is str):
                 continue
             nv = redact_value(v, pset, f"{path}{_key(k)}", findings, skip_binary=skip_binary)
             if nv is not v:
@@ -408,6 +511,15 @@ def redact_value(
     return value
 
 
+# The JSON paths (as `redact_output` names them) of the objects that may hold a binary payload:
+# a tool result's content blocks (path "$" for a tool result, "$.result" for other answers), an
+# embedded resource in one, resources/read's contents, and the content of prompts/get's and
+# sampling's messages (one block or a list; a tool_result block holds its own content list).
+_BINARY_AT = re.compile(
+    r"\$(?:\.result)?\.content\[\d+\](?:\.resource)?\Z"
+    r"|\$\.result\.contents\[\d+\]\Z"
+    r"|\$\.(?:result|params)\.messages\[\d+\]\.content(?:\[\d+\](?:\.content\[\d+\])?)?(?:\.resource)?\Z"
+)
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
