@@ -13,8 +13,9 @@ pinned at the unit level too:
 * a ``blob`` (or an image-shaped ``data``) anywhere in a server's output was skipped as binary,
   also in ``structuredContent``, ``_meta`` and a log message's data, which are text.
 
-And one not fixed here (the fix is outside visor/redact.py): a Slack webhook URL as the
-destination of an asked call is recorded whole in the audit log's ``reason`` and ``destination``.
+5. A Slack webhook URL as the destination of an asked or denied call: the verdict's ``reason``
+   and ``destination`` quote it, and went whole to the audit log, the client's denial, the
+   approval question and stderr. They are redacted as the arguments are (visor/core/checks.py).
 """
 
 from __future__ import annotations
@@ -298,11 +299,6 @@ def test_escaped_nested_glued_and_blob_secrets_through_visor_run(tmp_path: Path)
     assert b"[REDACTED:" in b"".join(client)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed in visor/redact.py: the decision's reason and destination (audit log, "
-    "denial text, approval question, stderr) are built from the original arguments",
-)
 def test_a_slack_webhook_destination_is_not_recorded_whole(tmp_path: Path) -> None:
     vp, _recv, audit = _visor(tmp_path)
     args = {"url": HOOK, "text": "hi"}

@@ -15,6 +15,7 @@ place where a decision, an approval and an audit record meet.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -165,13 +166,29 @@ class PolicyChecks(Checks):
             decision = Decision(
                 "deny", "internal.error", f"the policy evaluator failed ({type(exc).__name__})"
             )
-        # The policy saw the original arguments; from here on (audit, server) only redacted ones.
+        # The policy saw the original arguments; from here on (audit, server) only redacted ones,
+        # and the verdict's own words too (a webhook URL is both a secret and a destination).
         msg = self.guard.redact_call(msg)
+        decision = self._redact_decision(decision)
         if decision.action == "allow":
             return self._allow(msg, call, decision, ctx, conflicts=stale_ok)
         if decision.action == "ask":
             return self._ask(msg, call, decision, ctx)
         return self._deny(msg, decision, ctx)
+
+    def _redact_decision(self, decision: Decision) -> Decision:
+        """``decision`` with its reason and destination redacted as the arguments are: they quote
+        the arguments, and go to the audit log, the client's denial, the approval question and
+        stderr. (A redacted destination remembered by a human's yes matches no later call: it is
+        asked again, and no secret is kept on disk.)"""
+        pset = self.guard.redactor.arguments
+        reason = pset.redact_text(decision.reason)[0]
+        destination = decision.destination
+        if destination is not None:
+            destination = pset.redact_text(destination)[0]
+        if reason == decision.reason and destination == decision.destination:
+            return decision
+        return dataclasses.replace(decision, reason=reason, destination=destination)
 
     def on_listing_page(self, result: dict[str, Any], cursor: Any) -> None:
         self._observe_listing(result, cursor)
