@@ -78,7 +78,11 @@ class _PtyVisor:
                 stderr=err,
                 preexec_fn=own_terminal,
                 pass_fds=(slave,),
-                env={**os.environ, "APPROVAL_SERVER_LOG": str(tmp_path / "received.jsonl")},
+                env={
+                    **os.environ,
+                    "APPROVAL_SERVER_LOG": str(tmp_path / "received.jsonl"),
+                    "VISOR_TTY_SETTLE_SECONDS": "0",
+                },
             )
         os.close(slave)
         self.screen = b""

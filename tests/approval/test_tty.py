@@ -16,7 +16,7 @@ from tests.approval.helpers import SERVER, records, write_policy
 
 
 class _TtyVisor:
-    def __init__(self, tmp_path: Path, timeout: int = 60) -> None:
+    def __init__(self, tmp_path: Path, timeout: int = 60, settle: str = "0") -> None:
         self.master, slave = os.openpty()
         self.terminal = os.ttyname(slave)
         # The terminal's user, as the record must name them: as root, another user's terminal (a
@@ -44,7 +44,8 @@ class _TtyVisor:
             preexec_fn=own_terminal,
             # keep one slave fd open in Visor: between prompts the master would read EIO
             pass_fds=(slave,),
-            env={**os.environ, "APPROVAL_SERVER_LOG": str(self.log)},
+            # (no settle time unless a test asks: these tests answer as soon as the question shows)
+            env={**os.environ, "APPROVAL_SERVER_LOG": str(self.log), "VISOR_TTY_SETTLE_SECONDS": settle},
         )
         os.close(slave)
         self.screen = b""
@@ -145,3 +146,20 @@ def test_approval_tty_without_a_terminal_refuses_to_start(tmp_path: Path) -> Non
         start_new_session=True,  # no controlling terminal
     )
     assert proc.returncode == 1 and "/dev/tty" in proc.stderr
+
+
+def test_keys_pressed_as_a_question_is_drawn_are_no_answer_to_it(tmp_path: Path) -> None:
+    # A client that cancels the question on screen and sends another as the human presses "y"
+    # would have that "y" approve a call the human never read: keys pressed before a question
+    # could be read are ignored (here the settle time is long, so the keys surely come within it).
+    tv = _TtyVisor(tmp_path, settle="30")
+    try:
+        _call(tv, 1, "new@example.org")
+        tv.wait_screen(b"Approve?")
+        os.write(tv.master, b"y\n")
+        tv.wait_screen(b"(ignored: typed before this question could be read)")
+        time.sleep(0.5)
+        assert not tv.log.exists() or not any(b"tools/call" in x for x in tv.log.read_bytes().splitlines())
+        assert not [r for r in records(tv.audit) if r["event"] in ("approve", "allow") and r.get("id") == 1]
+    finally:
+        tv.close()

@@ -4,6 +4,11 @@ The prompt runs in a worker thread (reading a terminal blocks), one prompt
 at a time; the thread polls its terminal with select so that a wait that
 ends elsewhere (an answer on another channel, a cancel, the timeout)
 withdraws the prompt instead of leaving a stale question on screen.
+
+Keys pressed in the first `settle_seconds` after a question is drawn are no answer to it: a
+client that cancels the question on screen and sends another as the human presses "y" would
+otherwise have that "y" approve a call the human never read. They are ignored, and the human is
+told to answer again.
 """
 
 from __future__ import annotations
@@ -16,11 +21,26 @@ import select
 import stat
 import termios
 import threading
+import time
 
 from visor.approval import model
 from visor.approval.model import ApprovalAnswer, ApprovalRequest
 
 TTY_PATH = "/dev/tty"
+#: How long after a question is drawn keys are taken for typed before it could be read
+#: (`VISOR_TTY_SETTLE_SECONDS` changes it).
+SETTLE_SECONDS = 0.5
+
+
+def settle_seconds() -> float:
+    raw = os.environ.get("VISOR_TTY_SETTLE_SECONDS")
+    if not raw:
+        return SETTLE_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        return SETTLE_SECONDS
+    return value if 0 <= value <= 60 else SETTLE_SECONDS
 
 
 class TtyError(Exception):
@@ -87,7 +107,7 @@ def _who(fd: int) -> str:
     return f"{user} (uid {uid}, {name})" if name else f"{user} (uid {uid})"
 
 
-def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalAnswer | None:
+def _prompt(req: ApprovalRequest, stop: threading.Event, path: str, settle: float) -> ApprovalAnswer | None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
     except OSError:
@@ -103,7 +123,9 @@ def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalA
         text = model.describe(req, more="type s at the prompt to show every argument in full")
         prompt = f"Approve? {choices} (s: show every argument): "
         os.write(fd, f"\n{text}\n{prompt}".encode(errors="replace"))
+        drawn = time.monotonic()
         buf = b""
+        told = False
         while not stop.is_set():
             ready, _, _ = select.select([fd], [], [], 0.1)
             if not ready:
@@ -111,6 +133,12 @@ def _prompt(req: ApprovalRequest, stop: threading.Event, path: str) -> ApprovalA
             chunk = os.read(fd, 1024)
             if not chunk:
                 return None
+            if time.monotonic() - drawn < settle:
+                # Typed before this question could be read: meant for another, or for none.
+                if not told:
+                    told = True
+                    os.write(fd, f"\n(ignored: typed before this question could be read)\n{prompt}".encode())
+                continue
             buf += chunk
             if b"\n" in buf or len(buf) > 256:
                 line = buf.split(b"\n", 1)[0].decode(errors="replace")
@@ -136,6 +164,7 @@ class TtyChannel:
 
     def __init__(self, path: str = TTY_PATH) -> None:
         self.path = path
+        self.settle = settle_seconds()
         # One prompt at a time: two questions interleaved on one screen
         # would make "y" ambiguous.
         self._lock = asyncio.Lock()
@@ -144,7 +173,7 @@ class TtyChannel:
         async with self._lock:
             stop = threading.Event()
             loop = asyncio.get_running_loop()
-            fut = loop.run_in_executor(None, _prompt, req, stop, self.path)
+            fut = loop.run_in_executor(None, _prompt, req, stop, self.path, self.settle)
             try:
                 return await asyncio.shield(fut)
             finally:
