@@ -22,6 +22,21 @@ settings.load_profile("visor")
 
 TESTS = Path(__file__).parent
 RECORDER = TESTS / "servers" / "recorder.py"
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def initialize(version: str = "2025-11-25", msg_id: object = 0) -> dict:
+    """A client's `initialize` request."""
+    return {
+        "jsonrpc": "2.0",
+        "id": msg_id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": version,
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
 
 
 class VisorProcess:
@@ -91,6 +106,21 @@ class VisorProcess:
 
     def recv(self, timeout: float = 30.0) -> dict:
         return json.loads(self.recv_raw(timeout))
+
+    def open_session(
+        self,
+        version: str = "2025-11-25",
+        *,
+        timeout: float = 30.0,
+        init_id: object = 0,
+        list_id: object = "list",
+    ) -> tuple[dict, dict]:
+        """`initialize`, `notifications/initialized` and `tools/list`: the two answers."""
+        self.request(initialize(version, init_id))
+        init = self.recv(timeout)
+        self.request(INITIALIZED)
+        self.request({"jsonrpc": "2.0", "id": list_id, "method": "tools/list"})
+        return init, self.recv(timeout)
 
     def no_output(self, wait: float = 0.3) -> bool:
         try:

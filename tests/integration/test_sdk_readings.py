@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VisorProcess
+from tests.conftest import INITIALIZED, VisorProcess, initialize
 
 SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_typed.py")]
 
@@ -44,17 +44,6 @@ servers:
             rows: 100
 """
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-
 
 def _call(msg_id: int, tool: str, arguments: dict) -> dict:
     return {
@@ -67,7 +56,7 @@ def _call(msg_id: int, tool: str, arguments: dict) -> dict:
 
 def direct(calls: list[dict]) -> dict[int, dict]:
     """The server's answers to ``calls``, with no Visor in between."""
-    lines = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *calls]
+    lines = [initialize(), INITIALIZED, *calls]
     data = b"".join(json.dumps(m).encode() + b"\n" for m in lines)
     proc = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdin is not None and proc.stdout is not None
@@ -142,11 +131,9 @@ def _visor(tmp_path: Path, root: Path, extra: list[str] = ()) -> VisorProcess:
             *extra,
         ],
     )
-    vp.request(INIT)
-    assert "serverInfo" in vp.recv()["result"]
-    vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-    assert len(vp.recv()["result"]["tools"]) == 4
+    init, listed = vp.open_session()
+    assert "serverInfo" in init["result"]
+    assert len(listed["result"]["tools"]) == 4
     return vp
 
 

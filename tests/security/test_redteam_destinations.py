@@ -138,22 +138,9 @@ def rt(tmp_path: Path) -> Iterator[Rt]:
         visor_args=["--server-name", "rt", "--policy", str(policy), "--audit-log", str(audit)],
     )
     try:
-        vp.request(
-            {
-                "jsonrpc": "2.0",
-                "id": "init",
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"},
-                },
-            }
-        )
-        assert vp.recv()["result"]["serverInfo"]["name"] == "rt"
-        vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-        assert len(vp.recv()["result"]["tools"]) == 3
+        init, listed = vp.open_session("2025-06-18", init_id="init")
+        assert init["result"]["serverInfo"]["name"] == "rt"
+        assert len(listed["result"]["tools"]) == 3
         yield Rt(vp, log, audit)
     finally:
         vp.kill()

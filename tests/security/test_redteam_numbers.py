@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VisorProcess
+from tests.conftest import INITIALIZED, VisorProcess, initialize
 
 SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_numbers.py")]
 
@@ -63,16 +63,6 @@ servers:
         rules: [{type: allowed_repos, repos: ["me/*"]}]
 """
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
 
 LINES = ["A" * 700, "B" * 700]
 
@@ -150,7 +140,7 @@ def _records(log: Path) -> list[dict]:
 
 def direct(tool: str, arguments: dict, log: Path) -> list[dict]:
     """What the server records for the call, with no Visor in between."""
-    lines = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, _call(1, tool, arguments)]
+    lines = [initialize(), INITIALIZED, _call(1, tool, arguments)]
     proc = subprocess.Popen(
         SERVER,
         stdin=subprocess.PIPE,
@@ -186,11 +176,9 @@ def _visor(tmp_path: Path, log: Path) -> VisorProcess:
             str(tmp_path / "audit.jsonl"),
         ],
     )
-    vp.request(INIT)
-    assert "serverInfo" in vp.recv()["result"]
-    vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-    assert len(vp.recv()["result"]["tools"]) == 7
+    init, listed = vp.open_session()
+    assert "serverInfo" in init["result"]
+    assert len(listed["result"]["tools"]) == 7
     return vp
 
 

@@ -76,22 +76,9 @@ SH_POLICY = textwrap.dedent(
 
 
 def _session(vp: VisorProcess) -> None:
-    vp.request(
-        {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        }
-    )
-    assert "result" in vp.recv(timeout=60)
-    vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    vp.request({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
-    assert "result" in vp.recv(timeout=60)
+    init, listed = vp.open_session("2025-06-18", timeout=60, list_id=1)
+    assert "result" in init
+    assert "result" in listed
 
 
 def _call(vp: VisorProcess, n: int, tool: str, arguments: dict[str, object]) -> dict:

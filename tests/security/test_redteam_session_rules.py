@@ -23,17 +23,6 @@ from visor.policy.evaluate import ToolCall
 
 SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_taint_reader.py")]
 
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-
 
 def _policy(root: Path) -> str:
     return f"""\
@@ -102,11 +91,9 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
         ],
     )
     try:
-        vp.request(INIT)
-        assert "serverInfo" in vp.recv()["result"]
-        vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-        assert len(vp.recv()["result"]["tools"]) == 2
+        init, listed = vp.open_session()
+        assert "serverInfo" in init["result"]
+        assert len(listed["result"]["tools"]) == 2
         # the model parameter as a JSON string: the SDK decodes it and reads the file
         vp.request(_call(1, "read_file", {"req": json.dumps({"path": str(secret)})}))
         read = vp.recv()

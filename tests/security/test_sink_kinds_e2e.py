@@ -93,22 +93,9 @@ def chat(tmp_path: Path) -> Iterator[Chat]:
         visor_args=["--server-name", "slack", "--policy", str(policy), "--audit-log", str(audit)],
     )
     try:
-        vp.request(
-            {
-                "jsonrpc": "2.0",
-                "id": "init",
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"},
-                },
-            }
-        )
-        assert vp.recv()["result"]["serverInfo"]["name"] == "chat"
-        vp.request({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
-        assert len(vp.recv()["result"]["tools"]) == 7
+        init, listed = vp.open_session("2025-06-18", init_id="init")
+        assert init["result"]["serverInfo"]["name"] == "chat"
+        assert len(listed["result"]["tools"]) == 7
         yield Chat(vp, log, audit)
     finally:
         vp.kill()

@@ -93,21 +93,11 @@ def _select(found: Members, names: frozenset[str]) -> list[tuple[str, Any]]:
     return [(k, v) for k, s, v in found if k in names or s in names]
 
 
-def named_members(arguments: dict[str, Any], names: frozenset[str]) -> list[tuple[str, Any]]:
-    """``(name, value)`` of every member, at any depth, named one of ``names``
-    (as written or in snake_case)."""
-    return _select(members(arguments), names)
-
-
 def _named_strings(found: list[tuple[str, Any]]) -> list[str]:
     out: list[str] = []
     for _k, v in found:
         out.extend(_strings(v))
     return out
-
-
-def named_strings(arguments: dict[str, Any], names: frozenset[str]) -> list[str]:
-    return _named_strings(named_members(arguments, names))
 
 
 # ------------------------------------------------------------ shell splitting
@@ -185,20 +175,23 @@ class CallView:
             self._parsed[value] = hit
         return hit
 
-    def named(self, names: frozenset[str]) -> list[tuple[str, Any]]:
-        """``named_members`` of the arguments, the walk done once per call."""
+    def _all(self) -> Members:
+        """Every member of the arguments at any depth: the walk done once per call."""
         if self._members is None:
             self._members = members(self.args)
-        return _select(self._members, names)
+        return self._members
+
+    def named(self, names: frozenset[str]) -> list[tuple[str, Any]]:
+        """``(name, value)`` of every member, at any depth, named one of ``names`` (as written
+        or in snake_case)."""
+        return _select(self._all(), names)
 
     def strings(self, names: frozenset[str]) -> list[str]:
         return _named_strings(self.named(names))
 
     def recipients(self) -> list[str]:
         if self._recipients is None:
-            if self._members is None:
-                self._members = members(self.args)
-            self._recipients = _recipient_values(self._members)
+            self._recipients = _recipient_values(self._all())
         return self._recipients
 
     def readings(self) -> list[CommandReading]:
@@ -268,7 +261,7 @@ def _command_split(cmd: str) -> CommandReading:
 def _query_split(q: str) -> Split:
     """``(query, its statements under every reading, every text a deny pattern must not match)``
     (visor/policy/sql.py). The texts keep the old rough split too: a deny list only gets stricter."""
-    reading = sql.read_query(q)
+    reading = sql.read_query_cached(q)  # (the LIMIT reader reads the same query)
     stripped = _SQL_COMMENT.sub(" ", q)
     texts = dict.fromkeys(
         [q, *reading.codes, *reading.statements, stripped, *split_sql(q), *split_sql(stripped)]
@@ -359,10 +352,6 @@ def allow_query_pattern(rule: Rule, view: CallView) -> str | None:
             if not any(rx.search(st) for rx in rule.regexes):
                 return f"statement {st[:80]!r} is not admitted by any allow pattern"
     return None
-
-
-def recipient_values(args: dict[str, Any]) -> list[str]:
-    return _recipient_values(members(args))
 
 
 def _recipient_values(found: Members) -> list[str]:

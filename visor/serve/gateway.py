@@ -649,10 +649,9 @@ class Gateway:
             line, rpc_id, token = renamed.line, renamed.internal_id, renamed.internal_token
             restore = renamed.restore
         else:
-            params = msg.obj.get("params")
-            meta = params.get("_meta") if isinstance(params, dict) else None
+            meta = _meta(msg)
             line, rpc_id = msg.raw, msg.id
-            token = meta.get("progressToken") if isinstance(meta, dict) else None
+            token = meta.get("progressToken") if meta is not None else None
             restore = _as_is
         ex = session.open_exchange(id_key(rpc_id), token)
         streamed = False
@@ -915,21 +914,23 @@ class Gateway:
                 log.error("audit_append_failed", error=str(exc), audit_event="reject")
 
 
+def _meta(msg: Message) -> dict[str, Any] | None:
+    params = msg.obj.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
 def _claims_modern(msg: Message) -> bool:
     """A body in the 2026-07-28 form (its revision in `_meta`), whatever its headers say: judged
     on that path, where headers that disagree with it are refused as such."""
-    params = msg.obj.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    version = meta.get(VERSION_KEY) if isinstance(meta, dict) else None
+    version = (_meta(msg) or {}).get(VERSION_KEY)
     return type(version) is str and version in errors.MODERN_PROTOCOL_VERSIONS
 
 
 def _names_revision(msg: Message) -> bool:
     """A message that names a revision of its own in `_meta` (any value: an HTTP upstream sends
     any such message as a request of that revision, without the session's id)."""
-    params = msg.obj.get("params")
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return isinstance(meta, dict) and VERSION_KEY in meta
+    return VERSION_KEY in (_meta(msg) or {})
 
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
