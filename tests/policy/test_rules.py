@@ -109,15 +109,18 @@ CASES = [
     ("terminal", "exec_command", {"exec": "ls /"}, "allow", T),
     ("terminal", "exec_command", {"exec": "cat /"}, "deny", T + ".allow_command_pattern"),
     # --- queries
-    ("warehouse", "run_sql", {"query": "SELECT * FROM t"}, "allow", Q),
-    ("warehouse", "run_sql", {"query": "select a from t"}, "allow", Q),
+    ("warehouse", "run_sql", {"query": "SELECT * FROM t LIMIT 10"}, "allow", Q),
+    ("warehouse", "run_sql", {"query": "select a from t limit 10"}, "allow", Q),
+    ("warehouse", "run_sql", {"query": "SELECT * FROM t"}, "deny", Q + ".max_result_rows"),
     ("warehouse", "run_sql", {"query": "SELECT 1; DROP TABLE t"}, "deny", Q + ".deny_query_pattern"),
     ("warehouse", "run_sql", {"query": "SELECT 1; DELETE FROM t"}, "deny", Q + ".allow_query_pattern"),
     ("warehouse", "run_sql", {"sql": "drop   table x"}, "deny", Q + ".deny_query_pattern"),
     ("warehouse", "run_sql", {"statement": "UPDATE t SET a = 1"}, "deny", Q + ".deny_query_pattern"),
     ("warehouse", "run_sql", {"query": "SELECT a FROM t LIMIT 5000"}, "deny", Q + ".max_result_rows"),
     ("warehouse", "run_sql", {"query": "SELECT a FROM t", "limit": 501}, "deny", Q + ".max_result_rows"),
-    ("warehouse", "run_sql", {"query": "SELECT a FROM t", "limit": 500}, "allow", Q),
+    ("warehouse", "run_sql", {"query": "SELECT a FROM t LIMIT 500", "limit": 500}, "allow", Q),
+    # a row-count argument does not bound the query: the server may run the SQL as written
+    ("warehouse", "run_sql", {"query": "SELECT a FROM t", "limit": 500}, "deny", Q + ".max_result_rows"),
     # --- recipients: parsed, exact, case-insensitive; lists and nested values
     ("mailer", "mail_send", {"to": "a@example.net"}, "allow", M),
     ("mailer", "mail_send", {"to": "A@EXAMPLE.NET"}, "allow", M),

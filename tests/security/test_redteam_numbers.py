@@ -13,6 +13,8 @@ goes through a real ``visor run`` and must be denied, with nothing reaching the 
 * SQLite reads ``LIMIT 10, 4000`` (offset, count), ``LIMIT 0xfff``, ``LIMIT/**/4000``,
   ``LIMIT (4000)``, ``LIMIT 40*100``, ``LIMIT "4000"`` and ``LIMIT -1`` (no limit).
 * A server taking ``org`` ignores an ``owner`` sent beside it.
+* A query bounded only inside a subquery, a CTE or a comment returns every row; a row count of
+  null, zero or below lists every row to a server that reads it as no limit.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ servers:
         allowed: true
         rules: [{type: max_result_rows, rows: 100}]
       - name: "run_sql"
+        allowed: true
+        rules: [{type: max_result_rows, rows: 100}]
+      - name: "list_rows"
         allowed: true
         rules: [{type: max_result_rows, rows: 100}]
       - name: "run_sql_model"
@@ -80,6 +85,27 @@ ATTACKS: list[tuple[str, dict, dict]] = [
     ("run_sql", {"query": 'SELECT * FROM t LIMIT "4000"'}, {"tool": "run_sql", "rows": 4000}),
     ("run_sql", {"query": "SELECT * FROM t LIMIT -1"}, {"tool": "run_sql", "rows": 5000}),
     ("run_sql", {"query": "SELECT * FROM t LIMIT abs(-4000)"}, {"tool": "run_sql", "rows": 4000}),
+    ("run_sql", {"query": "SELECT * FROM t"}, {"tool": "run_sql", "rows": 5000}),
+    ("run_sql", {"query": "SELECT * FROM t -- LIMIT 5"}, {"tool": "run_sql", "rows": 5000}),
+    (
+        "run_sql",
+        {"query": "SELECT * FROM t WHERE EXISTS (SELECT 1 LIMIT 5)"},
+        {"tool": "run_sql", "rows": 5000},
+    ),
+    (
+        "run_sql",
+        {"query": "WITH a AS (SELECT 1 LIMIT 1) SELECT * FROM t, a"},
+        {"tool": "run_sql", "rows": 5000},
+    ),
+    (
+        "run_sql",
+        {"query": "SELECT * FROM (SELECT * FROM t LIMIT 5) UNION ALL SELECT * FROM t"},
+        {"tool": "run_sql", "rows": 5005},
+    ),
+    ("list_rows", {"limit": None}, {"tool": "list_rows", "rows": 5000}),
+    ("list_rows", {"limit": 0}, {"tool": "list_rows", "rows": 5000}),
+    ("list_rows", {"limit": -1}, {"tool": "list_rows", "rows": 5000}),
+    ("list_rows", {"limit": "-5"}, {"tool": "list_rows", "rows": 5000}),
     (
         "run_sql_model",
         {"req": {"sql": "SELECT * FROM t LIMIT 4000"}},
@@ -111,7 +137,13 @@ ALLOWED: list[tuple[str, dict, dict]] = [
     ("run_sql", {"query": "SELECT * FROM t LIMIT 50 OFFSET 4000"}, {"tool": "run_sql", "rows": 50}),
     (
         "run_sql",
-        {"query": "SELECT * FROM t WHERE x < 3 -- no limit needed, rate limit 4000"},
+        {"query": "SELECT * FROM t UNION ALL SELECT * FROM t LIMIT 100"},
+        {"tool": "run_sql", "rows": 100},
+    ),
+    ("list_rows", {"limit": 50}, {"tool": "list_rows", "rows": 50}),
+    (
+        "run_sql",
+        {"query": "SELECT * FROM t WHERE x < 3 LIMIT 100 -- rate limit 4000"},
         {"tool": "run_sql", "rows": 3},
     ),
     ("write_lines", {"path": "/tmp/out.txt", "content": ["a", "b"]}, {"tool": "write_lines", "size": 3}),
@@ -178,7 +210,7 @@ def _visor(tmp_path: Path, log: Path) -> VisorProcess:
     )
     init, listed = vp.open_session()
     assert "serverInfo" in init["result"]
-    assert len(listed["result"]["tools"]) == 7
+    assert len(listed["result"]["tools"]) == 8
     return vp
 
 

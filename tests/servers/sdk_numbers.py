@@ -63,6 +63,16 @@ def run_sql(query: str) -> str:
 
 
 @app.tool()
+def list_rows(limit: int | None = 100) -> str:
+    """List rows of t; a limit of null or below one lists them all, as many APIs read it."""
+    rows = len(
+        _db.execute("SELECT * FROM t LIMIT ?", (-1 if limit is None or limit < 1 else limit,)).fetchall()
+    )
+    _record("list_rows", rows=rows)
+    return f"rows={rows}"
+
+
+@app.tool()
 def run_sql_model(req: Query) -> str:
     """Run req.sql; say how many rows it returned."""
     rows = len(_db.execute(req.sql).fetchall())

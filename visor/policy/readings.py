@@ -219,6 +219,26 @@ def lax_number(value: object) -> float | None:
     return best
 
 
+def lax_number_least(value: object) -> float | None:
+    """The smallest number a lax validator could read ``value`` as (``"0-5"`` is -5 to
+    pydantic), or None; booleans are not numbers, NaN is None (no certain reading)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) < 2**1000 else (math.inf if value > 0 else -math.inf)
+    if isinstance(value, float):
+        return None if value != value else value
+    if not isinstance(value, str):
+        return None
+    s = value.strip()
+    if not s or len(s) > _MAX_DIGITS:
+        return None
+    found = _number_readings(s)
+    if not found or any(x != x for x in found):
+        return None
+    return min(found)
+
+
 def _int_any_base(s: str) -> float:
     return float(int(s, 0))
 

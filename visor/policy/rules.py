@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from visor.policy import destinations as dst
-from visor.policy import readings, shell, sql, urls
+from visor.policy import readings, rowcount, shell, sql, urls
 from visor.policy.paths import snake
 from visor.policy.schema import Rule
 
@@ -459,53 +459,35 @@ def max_file_size(rule: Rule, view: CallView) -> str | None:
 _SIZED_ARGS = SIZE_ARGS | CONTENT_ARGS
 
 
-_SQL_LIMIT = re.compile(r"\blimit\b", re.I)
-# A count as a DB reads it: decimal digits, a second one after a comma (MySQL's and
-# SQLite's `LIMIT offset, count`), then the end, `;`, `)` or a word (OFFSET).
-_SQL_COUNT = re.compile(r"\s+(\d+)(?![\w.])(?:\s*,\s*(\d+)(?![\w.]))?(?=\s*(?:$|[;)]|[A-Za-z]))")
-# A plain word after `limit` in text that is not SQL ("the speed limit signs"); a word that
-# starts an expression (`ALL`, `NULL`, `CASE`, a function call, `x'..'`) is not one.
-_SQL_WORD = re.compile(r"\s+([A-Za-z_]\w*)(?!\s*[('\".:\[]|\w)")
-# What cannot start a count: the end, or punctuation no expression starts with (`.5e4` can).
-_SQL_NOT_CLAUSE = re.compile(r"\s*(?:$|[,!\]}]|\.(?!\d))")
-_SQL_EXPRESSION_WORDS = frozenset(
-    {"all", "null", "case", "cast", "not", "exists", "select", "values", "with", "true", "false", "interval"}
-)
-
-
-def sql_limits(query: str) -> list[int | None]:
-    """The row counts of every ``LIMIT`` in ``query`` under every reading of
-    its quoting and comments; None for a ``LIMIT`` whose count is not a plain
-    number (``LIMIT 0x1000``, ``LIMIT -1``, ``LIMIT (4000)``, ``LIMIT 40*100``,
-    ``LIMIT ALL``): a DB computes it, Visor cannot read it with certainty."""
-    out: list[int | None] = []
-    for code in sql.read_query_cached(query).blanked:
-        for m in _SQL_LIMIT.finditer(code):
-            count = _SQL_COUNT.match(code, m.end())
-            if count is not None:
-                out.extend(int(g) for g in count.groups() if g is not None)
-                continue
-            word = _SQL_WORD.match(code, m.end())
-            if word is not None and word.group(1).casefold() not in _SQL_EXPRESSION_WORDS:
-                continue  # "limit" as a word, not a clause
-            if _SQL_NOT_CLAUSE.match(code, m.end()):
-                continue  # "limit" at the end or before punctuation: no count, no clause
-            out.append(None)
-    return out
-
-
 def max_result_rows(rule: Rule, view: CallView) -> str | None:
     assert rule.limit is not None
     for k, v in view.named(ROW_ARGS):
-        n = _number(v)
-        if n is not None and n > rule.limit:
-            return f"{k} asks for {n} rows, over the limit of {rule.limit}"
+        reason = _row_count_problem(k, v, rule.limit)
+        if reason is not None:
+            return reason
     for q in view.strings(QUERY_ARGS):
-        for count in sql_limits(q):
-            if count is None:
-                return "query has a LIMIT whose row count cannot be read with certainty"
-            if count > rule.limit:
-                return f"query LIMIT {count} is over the limit of {rule.limit} rows"
+        reason = rowcount.query_rows_problem(q, rule.limit)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _row_count_problem(name: str, value: object, limit: int) -> str | None:
+    """Why a row-count argument may ask for more than ``limit`` rows. Many APIs read a null,
+    zero or negative count, or a word such as ``"all"``, as no limit at all (a Python tool's
+    ``limit: int | None = 100`` given ``null``; SQLite's ``LIMIT -1``)."""
+    if isinstance(value, bool):
+        return None  # a flag (`"count": true`), or one row to a lax validator
+    if value is None:
+        return f"{name} is null, which a server may read as no row limit"
+    least = readings.lax_number_least(value)
+    most = _number(value)
+    if least is None or most is None:
+        return f"{name} is not a row count that can be read with certainty"
+    if least <= 0:
+        return f"{name} may be read as {least:g} rows, which a server may read as no row limit"
+    if most > limit:
+        return f"{name} asks for {most} rows, over the limit of {limit}"
     return None
 
 
