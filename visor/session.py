@@ -338,29 +338,31 @@ class SessionState:
         self._reselect_packs()
         return events
 
-    def observe_output(self, tool: str | None, result: dict[str, Any]) -> None:
+    def observe_output(self, tool: str | None, result: dict[str, Any], *, error: bool = False) -> None:
         """Index every destination-like token in a server result or error.
 
         A tool whose entry names ``trusted_output_fields`` or ``sender_fields``
         is read field by field (``structuredContent``, and text content that is
         a JSON or YAML document): see ``_observe_fields``. Everything else is
-        free text.
+        free text, and so is an ``error`` (a JSON-RPC error or an ``isError``
+        result): an error states no record of the service's; it often repeats
+        what the call sent, which would launder an address into a trusted field.
 
         With a group, the keys this result added reach the group's store
         before this returns, so before the result is relayed: the client,
         and so the model, never reads output the other servers cannot see.
         """
-        self._observe_output(tool, result)
+        self._observe_output(None if error else tool, result, tool)
         if self.group is not None:
             self.group.flush()
 
-    def _observe_output(self, tool: str | None, result: dict[str, Any]) -> None:
+    def _observe_output(self, tool: str | None, result: dict[str, Any], shown_as: str | None = None) -> None:
         entry = self.effective(tool).entry if tool is not None else None
         if entry is not None and (entry.trusted_output_fields or entry.sender_fields):
             self._observe_fields(tool or "", result, entry.trusted_output_fields, entry.sender_fields, True)
             return
         if self._trace:
-            self._observe_fields(tool or "(not a tool call)", result, (), (), False)
+            self._observe_fields(tool or shown_as or "(not a tool call)", result, (), (), False)
             return
         stack: list[Any] = [result]
         add = self.output.add

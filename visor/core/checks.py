@@ -553,7 +553,7 @@ class PolicyChecks(Checks):
         elif payload.get("isError") is True:
             outcome = "tool_error"
         if type(payload) is dict:
-            self.session.observe_output(tool, payload)
+            self.session.observe_output(tool, payload, error=outcome != "ok")
         allow_seq: int | None = None
         duration_ms: float | None = None
         if call is not None and call.allow_seq is not None and call.started is not None:
