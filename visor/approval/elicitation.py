@@ -66,6 +66,21 @@ def request_params(req: ApprovalRequest) -> dict[str, Any]:
     }
 
 
+def server_question(server: str, message: str) -> str:
+    """A server's elicitation message as the client shows it: marked as the server's.
+
+    Visor's own questions (`request_params`) begin "Visor: allow the tool
+    call"; every question a server asks through Visor begins with this mark
+    instead, which the server cannot remove, so a person can always tell whom
+    a yes answers (a server question that speaks as Visor is refused outright:
+    visor/policy/requests.py).
+    """
+    return (
+        f"[Question from the MCP server {display.json_text(server)}, not from Visor: "
+        f"your answer goes to that server and approves nothing in Visor.]\n{message}"
+    )
+
+
 def answered_by(client_name: str | None) -> str:
     """Who answered, as far as Visor can know: only what the client says about itself."""
     return f"client-reported:{client_name if client_name else 'unknown'}"

@@ -15,7 +15,8 @@ Error codes Visor answers with (docs/policy.md, "Beyond tools/call"):
   the rule.
 * a denied ``sampling/createMessage`` or ``elicitation/create`` from the
   server: -32600 (invalid request), sent back to the server; the client never
-  sees the request.
+  sees the request. So is an elicitation that speaks as Visor; every other one
+  reaches the client with its message marked as the server's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from visor import redact
+from visor.approval.elicitation import server_question
 from visor.audit import events
 from visor.core.events import Action, Announce, AppendRecord
 
@@ -36,6 +38,7 @@ from visor.core.passthrough import Rewrite as Rewrite
 from visor.logs import get_logger
 from visor.policy.requests import (
     SERVER_REQUEST_KEYS,
+    elicitation_decision,
     prompt_arguments_decision,
     prompt_decision,
     resource_decision,
@@ -278,8 +281,15 @@ class DataGuard:
         return self.server_output(response, key, method=method)
 
     def redact_server_request(self, msg: Message) -> bytes | None:
-        """A sampling/createMessage or elicitation/create with secrets in its text redacted."""
-        return self.server_output(msg, "params", direction="server_request", method=msg.method)
+        """A sampling/createMessage or elicitation/create with secrets in its text redacted, and
+        an elicitation's message marked as the server's (`server_request` refused any other)."""
+        line = self.server_output(msg, "params", direction="server_request", method=msg.method)
+        if msg.method != "elicitation/create":
+            return line
+        obj = msg.obj if line is None else orjson.loads(line)
+        params = obj["params"]
+        marked = {**params, "message": server_question(self.server, params["message"])}
+        return _rewrite(obj, "params", marked)
 
     def notification(self, msg: Message) -> bytes | None:
         """A server's notification (progress, log message, ...) with secrets in its text redacted."""
@@ -304,6 +314,8 @@ class DataGuard:
         """An error line to send back to the server when its request is refused, else None."""
         assert msg.method is not None
         decision = server_request_decision(self.policy, self.server, msg.method)
+        if decision is None and msg.method == "elicitation/create":
+            decision = elicitation_decision(msg.obj.get("params"))
         if decision is None:
             if msg.method in SERVER_REQUEST_KEYS:
                 event = events.request_verdict(

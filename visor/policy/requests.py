@@ -8,8 +8,11 @@ and the audit record.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
+from visor import display
 from visor.policy import paths, readings
 from visor.policy.evaluate import Decision
 
@@ -149,6 +152,62 @@ def server_request_decision(policy: Policy, server: str, method: str) -> Decisio
             f"servers[{entry.name}].server_requests.{key}",
             f"the policy refuses {method} from this server",
         )
+    return None
+
+
+# Visor's approval questions and a server's elicitations appear in the same client dialog. A
+# server question that speaks as Visor ("Visor: allow the tool call ...") would have a person
+# answer the server believing it was Visor, or learn to say yes to anything that looks like it.
+# Read as a person reads it: compatibility forms folded, invisible characters dropped, the look-alike
+# letters a forger reaches for mapped, and separators between the letters ignored ("V.i.s.o.r");
+# a word that only contains it (advisor, supervisor) is not a claim.
+_LOOKALIKES = str.maketrans(
+    {
+        "\u03bd": "v",
+        "\u0475": "v",
+        "\u0456": "i",
+        "\u0131": "i",
+        "\u03b9": "i",
+        "\u0269": "i",
+        "\u0455": "s",
+        "\u043e": "o",
+        "\u03bf": "o",
+        "\u0585": "o",
+        "\u0433": "r",
+    }
+)
+_VISOR_WORD = re.compile(r"(?<![^\W\d_])v[\W_]*i[\W_]*s[\W_]*o[\W_]*r(?![^\W\d_])")
+
+
+def _speaks_as_visor(text: str) -> bool:
+    seen = "".join(ch for ch in unicodedata.normalize("NFKC", text) if not display.is_unsafe(ch))
+    return _VISOR_WORD.search(seen.casefold().translate(_LOOKALIKES)) is not None
+
+
+def elicitation_decision(params: Any) -> Decision | None:
+    """A deny for a server's elicitation/create that speaks as Visor, or whose message could not
+    carry the mark that says it is the server's (visor/approval/elicitation.py), else None."""
+    if type(params) is not dict or type(params.get("message")) is not str:
+        return Decision(
+            "deny",
+            "server_requests.elicitation.malformed",
+            "an elicitation without a text message cannot be shown as the server's",
+        )
+    stack: list[Any] = [{k: v for k, v in params.items() if k != "_meta"}]
+    while stack:
+        node = stack.pop()
+        if type(node) is str:
+            if _speaks_as_visor(node):
+                return Decision(
+                    "deny",
+                    "server_requests.elicitation.speaks_as_visor",
+                    "a server's elicitation may not present itself as Visor's approval question",
+                )
+        elif type(node) is dict:
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
     return None
 
 
