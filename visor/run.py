@@ -311,7 +311,7 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
         server_name=args.server_name,
         argv=command,
         approvals=approvals,
-        protected=_protected_paths(args, audit_path),
+        protected=_protected_paths(args, audit_path, command),
         save_pins=pin_saver is not None,
         fixed_identity=args.identity or None,
     )
@@ -391,10 +391,12 @@ def read_pins_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
-    """Visor's own files, which no tool call may name (visor/approval/protected.py)."""
+def _protected_paths(args: argparse.Namespace, audit_path: Path, command: list[str]) -> Any:
+    """Visor's own files, which no tool call may name (visor/approval/protected.py); relative
+    names are read from the working directory and from every directory the server's command
+    line names (a filesystem server's allowed directories)."""
     from visor.approval.directory import default_dir
-    from visor.approval.protected import Protected, signing_key_dir, signing_key_files
+    from visor.approval.protected import Protected, command_directories, signing_key_dir, signing_key_files
     from visor.audit.paths import audit_dir, visor_home
     from visor.install.locations import home_dir, protected_config_paths
 
@@ -421,7 +423,7 @@ def _protected_paths(args: argparse.Namespace, audit_path: Path) -> Any:
 
     dirs.append(run_dir())
     files.extend(signing_key_files(getattr(args, "signing_key", None)))
-    return Protected.of(dirs, files)
+    return Protected.of(dirs, files, bases=command_directories(command[1:]))
 
 
 def _build_approvals(args: argparse.Namespace, timeout: float) -> Any:

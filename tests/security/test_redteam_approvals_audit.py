@@ -85,7 +85,7 @@ def test_the_run_registry_visor_approve_reads_is_protected_from_tool_calls(
 
     monkeypatch.setenv("VISOR_HOME", str(tmp_path / "home"))
     names = argparse.Namespace(approval_dir=None, pin_file=None, policy=None, signing_key=None)
-    prot = _protected_paths(names, tmp_path / "audit" / "a.jsonl")
+    prot = _protected_paths(names, tmp_path / "audit" / "a.jsonl", [])
     run = tmp_path / "home" / "run"
     assert prot.named_by({"path": str(run / "12345.json")})
     assert prot.named_by({"path": str(run)})

@@ -27,7 +27,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -35,9 +35,9 @@ from visor.policy.paths import PathError, existing_prefixes, forms
 from visor.policy.schema import Glob
 from visor.policy.shell import loose_words
 
-# id(Protected) -> (the instance, working directory, whether any bare name there
-# may be protected, the folded names of protected entries directly in it)
-_LOOSE: dict[int, tuple[Protected, str, bool, frozenset[str]]] = {}
+# (id(Protected), a directory relative names are read from) -> (the instance, whether any bare
+# name there may be protected, the folded names of protected entries directly in it)
+_LOOSE: dict[tuple[int, str], tuple[Protected, bool, frozenset[str]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,10 @@ class Protected:
     # what Visor (or the next session's client) opens by name, so each is protected exactly
     # (not what else is under it).
     folded_ancestors: frozenset[str] = frozenset()
+    # Other directories the server may read a relative name from: Node's filesystem server
+    # resolves one against each of its allowed directories (its command line's, or the client's
+    # roots), so ".visor/approvals/X.pending" with the home directory allowed is ours there.
+    bases: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -70,9 +74,11 @@ class Protected:
         dirs: Iterable[os.PathLike[str] | str],
         files: Iterable[os.PathLike[str] | str],
         cwd: str | None = None,
+        bases: Iterable[str] = (),
     ) -> Protected:
         """``cwd``: the server's working directory (default: Visor's now, which a server
-        started from here inherits). Taken once: a system call per call would cost every call."""
+        started from here inherits). Taken once: a system call per call would cost every call.
+        ``bases``: the other directories the server reads relative names from."""
         real_dirs = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(d))) for d in dirs}))
         real_files = tuple(sorted({os.path.realpath(os.path.abspath(os.fspath(f))) for f in files}))
         here = cwd if cwd is not None else os.getcwd()
@@ -85,7 +91,15 @@ class Protected:
             tuple(sorted({_fold(f) for f in real_files})),
             here,
             frozenset(_fold(a) for a in _ancestors((*real_dirs, *real_files), here)),
+            _real_bases(bases, here),
         )
+
+    def with_bases(self, bases: Iterable[str]) -> Protected:
+        """The same locations, with more directories the server reads relative names from."""
+        extra = _real_bases(bases, self.cwd or os.getcwd())
+        if set(extra) <= set(self.bases):
+            return self
+        return replace(self, bases=tuple(sorted({*self.bases, *extra})))
 
     def __bool__(self) -> bool:
         return bool(self.dirs or self.files)
@@ -111,9 +125,19 @@ class Protected:
     def named_by(self, arguments: object) -> str | None:
         """The first argument string that names a protected location, or None."""
         cwd = self.cwd or os.getcwd()
-        cached = _LOOSE.get(id(self))
-        if cached is not None and cached[0] is self and cached[1] == cwd:
-            loose, bare = cached[2], cached[3]
+        named = self._named_from(arguments, cwd)
+        for base in self.bases:
+            if named is not None:
+                break
+            if base != cwd:
+                named = self._named_from(arguments, base)
+        return named
+
+    def _named_from(self, arguments: object, cwd: str) -> str | None:
+        """The first argument string that names a protected location, relative names read from ``cwd``."""
+        cached = _LOOSE.get((id(self), cwd))
+        if cached is not None and cached[0] is self:
+            loose, bare = cached[1], cached[2]
         else:
             # Resolving the working directory walks the file system; it is the
             # same on every call, so it is done once per directory, not per call.
@@ -129,7 +153,7 @@ class Protected:
             )
             if len(_LOOSE) > 64:
                 _LOOSE.clear()
-            _LOOSE[id(self)] = (self, cwd, loose, bare)
+            _LOOSE[(id(self), cwd)] = (self, loose, bare)
         ids: list[frozenset[tuple[int, int]]] = []  # the files' identities, read once per call if needed
         stack: list[object] = [arguments]
         while stack:
@@ -198,6 +222,28 @@ class Protected:
                 if key_id in self.dir_ids or (path == real and key_id in file_ids):
                     return True
         return False
+
+
+def _real_bases(bases: Iterable[str], cwd: str) -> tuple[str, ...]:
+    """The real paths of ``bases`` that are directories (relative ones read from ``cwd``)."""
+    out: set[str] = set()
+    for base in bases:
+        path = os.path.join(cwd, os.path.expanduser(base))
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.isdir(path):
+                out.add(os.path.realpath(path))
+    return tuple(sorted(out))
+
+
+def command_directories(command: Iterable[str]) -> list[str]:
+    """The words of a server's command line that may name a directory (``DIR``, ``--opt=DIR``):
+    a filesystem server reads relative names from the directories it was given."""
+    out: list[str] = []
+    for word in command:
+        out.append(word)
+        if word.startswith("-") and "=" in word:
+            out.append(word.split("=", 1)[1])
+    return out
 
 
 def _ancestors(locations: Iterable[str], cwd: str) -> set[str]:

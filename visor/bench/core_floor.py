@@ -289,7 +289,7 @@ class Floor:
         self.policy = load_policy(policy)
         # The files `visor serve` protects, so the per-call path check costs what it does there.
         names = argparse.Namespace(approval_dir=None, pin_file=None, policy=str(policy), signing_key=None)
-        self.protected = _protected_paths(names, audit_log)
+        self.protected = _protected_paths(names, audit_log, [])
         self.audit = AuditLog(audit_log)
         self.sessions: dict[bytes, Session] = {}
 

@@ -36,7 +36,7 @@ from visor.core.passthrough import Checks as Checks
 from visor.core.passthrough import Forward as Forward
 from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
-from visor.policy import attestation
+from visor.policy import attestation, paths
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
 from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
@@ -657,6 +657,24 @@ class PolicyChecks(Checks):
     def rewrite_server_request(self, msg: Message) -> bytes | None:
         """The server request as the client may see it (secrets redacted), or None if unchanged."""
         return self.guard.redact_server_request(msg)
+
+    def on_roots(self, response: Message) -> None:
+        """A filesystem server reads relative names from the client's roots (Node's replaces its
+        allowed directories with them): Visor's own files are sought from every root seen too."""
+        result = response.obj.get("result")
+        roots = result.get("roots") if type(result) is dict else None
+        if type(roots) is not list:
+            return
+        found: list[str] = []
+        for root in roots:
+            uri = root.get("uri") if type(root) is dict else None
+            if type(uri) is str and uri[:5].lower() == "file:":
+                with contextlib.suppress(paths.PathError):
+                    found.extend(paths.forms(uri))
+        protected = self.protected.with_bases(found)
+        if protected is not self.protected:
+            self.protected = protected
+            self.session.protected = protected if protected else None
 
     def on_server_info(self, info: dict[str, Any]) -> None:
         for ev in self.session.observe_server_info(info):

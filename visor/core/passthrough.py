@@ -165,6 +165,9 @@ class Checks:
     def on_server_info(self, info: dict[str, Any]) -> None:
         """The server said who it is (initialize or server/discover)."""
 
+    def on_roots(self, response: Message) -> None:
+        """The client's answer to the server's roots/list, before the server reads it."""
+
     def on_reject(
         self,
         direction: str,

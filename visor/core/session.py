@@ -714,6 +714,17 @@ class SessionCore:
             log.warning("client_response_unmatched", id=short(msg.id))
             self._reject("client", "response to no request the server sent", None, msg.raw)
             return
+        if method == "roots/list":
+            try:
+                self.checks.on_roots(msg)
+            except Exception:
+                # Roots Visor could not take in are roots the server must not take either.
+                log.exception("roots_check_failed")
+                self._reject("client", "Visor could not read these roots", None, msg.raw)
+                self._to_server(
+                    errors.error_response(msg.id, errors.INTERNAL_ERROR, "Visor could not read these roots")
+                )
+                return
         self._to_server(msg.raw)
 
     def _visor_request(self, event: VisorRequest) -> None:

@@ -310,7 +310,7 @@ def _session_factory(
         shutdown_grace=args.shutdown_grace,
         listing_timeout=shared.listing_timeout,
     )
-    protected = _protected_paths(args, shared.audit.path)
+    protected = _protected_paths(args, shared.audit.path, shared.command)
     if worker is not None and args.audit_log:
         # Every worker's log, not only this one's: a tool call through one worker must not name
         # a sibling's chain either (the default folder, $VISOR_HOME/audit, is protected whole).
@@ -318,7 +318,7 @@ def _session_factory(
         from visor.serve.workers import worker_audit_path
 
         siblings = [worker_audit_path(Path(args.audit_log), i) for i in range(worker.spec.count)]
-        protected = Protected.of(protected.dirs, [*protected.files, *siblings])
+        protected = Protected.of(protected.dirs, [*protected.files, *siblings], bases=protected.bases)
     approved_path = approved_destinations_path(args, shared.command)
     log = logs.get_logger("visor.serve")
     # The approval directory is checked and announced (for `visor approve`) once per process;
