@@ -38,6 +38,7 @@ from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
 from visor.policy import attestation, paths
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
+from visor.policy.requests import completion_uri
 from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
 
@@ -598,9 +599,17 @@ class PolicyChecks(Checks):
 
     def on_client_request(self, msg: Message) -> RequestVerdict:
         params = msg.obj.get("params")
-        if type(params) is dict and self._names_protected(params) is not None:
+        named: dict[str, Any] | None = params if type(params) is dict else None
+        if named is not None and msg.method == "completion/complete":
+            # A file server completes a path by listing what the partial one names.
+            uri = completion_uri(named)
+            if uri is not None:
+                named = {"params": named, "resource": uri}
+        if named is not None and self._names_protected(named) is not None:
             # A resource read of a pending approval file would hand the agent the
-            # hash an answer must carry: Visor's own files are nobody's resource.
+            # hash an answer must carry; a completion would list the pending ones;
+            # a request Visor knows nothing of reads what its server decides:
+            # Visor's own files are nobody's resource, in any request.
             reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"
             self._append(
                 events.request_verdict(

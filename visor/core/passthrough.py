@@ -143,7 +143,7 @@ class Checks:
         return None
 
     def on_client_request(self, msg: Message) -> RequestVerdict:
-        """A resources/read, resources/subscribe or prompts/get: `Refuse`, `Rewrite` or None (relay it)."""
+        """Any request but tools/call and initialize: `Refuse`, `Rewrite` or None (relay it)."""
         return None
 
     def on_response(self, method: str, response: Message) -> bytes | None:

@@ -95,7 +95,8 @@ _SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 # The members of a call's _meta that say which protocol revision it speaks:
 # Visor's own tools/list carries them too.
 _PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
-# Methods beyond tools/call that the checks see (visor/core/guard.py).
+# Methods beyond tools/call that the policy judges (visor/core/guard.py); every other request but
+# initialize still gets the check for Visor's own files (PolicyChecks.on_client_request).
 GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
 _GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create"))
 # Pages of Visor's own listing it follows; a server that never stops paging gets
@@ -383,7 +384,7 @@ class SessionCore:
         if method == "initialize":
             self._note_initialize(msg)
         line = msg.raw
-        if method in GATED_CLIENT_METHODS:
+        if method != "initialize":
             try:
                 verdict = self.checks.on_client_request(msg)
             except Exception:

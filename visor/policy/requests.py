@@ -139,6 +139,34 @@ def prompt_arguments_decision(policy: Policy, arguments: dict[str, Any]) -> Deci
     return None
 
 
+_TEMPLATE_EXPRESSION = re.compile(r"\{([^{}]*)\}")
+
+
+def completion_uri(params: dict[str, Any]) -> str | None:
+    """The resource a completion/complete of a resource template asks about: the template with
+    the argument being completed, and those already resolved, put in as written (RFC 6570
+    operators and modifiers dropped), as a server that lists what the partial value names reads
+    it. None when the reference is not a template URI."""
+    ref = params.get("ref")
+    template = ref.get("uri") if type(ref) is dict else None
+    if type(template) is not str:
+        return None
+    values: dict[str, str] = {}
+    context = params.get("context")
+    resolved = context.get("arguments") if type(context) is dict else None
+    if type(resolved) is dict:
+        values.update((k, v) for k, v in resolved.items() if type(v) is str)
+    argument = params.get("argument")
+    if type(argument) is dict and type(argument.get("name")) is str and type(argument.get("value")) is str:
+        values[argument["name"]] = argument["value"]
+
+    def put(m: re.Match[str]) -> str:
+        names = m.group(1).lstrip("+#./;?&").split(",")
+        return ",".join(values.get(n.split(":", 1)[0].rstrip("*"), "") for n in names)
+
+    return _TEMPLATE_EXPRESSION.sub(put, template)
+
+
 def server_request_decision(policy: Policy, server: str, method: str) -> Decision | None:
     """A deny for a server-initiated request the policy refuses, else None (the default is allow:
     the client itself asks its user before sampling or showing an elicitation)."""
