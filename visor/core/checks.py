@@ -38,7 +38,7 @@ from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
 from visor.policy import attestation, paths
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
-from visor.policy.requests import completion_uri
+from visor.policy.requests import resource_uris
 from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
 
@@ -600,11 +600,12 @@ class PolicyChecks(Checks):
     def on_client_request(self, msg: Message) -> RequestVerdict:
         params = msg.obj.get("params")
         named: dict[str, Any] | None = params if type(params) is dict else None
-        if named is not None and msg.method == "completion/complete":
-            # A file server completes a path by listing what the partial one names.
-            uri = completion_uri(named)
-            if uri is not None:
-                named = {"params": named, "resource": uri}
+        if named is not None:
+            # The resource it names, as a server's URL parser reads it; for a completion, the
+            # template filled in (a file server completes a path by listing what it names).
+            uris = resource_uris(msg.method or "", named)
+            if uris:
+                named = {"params": named, "resources": list(uris)}
         if named is not None and self._names_protected(named) is not None:
             # A resource read of a pending approval file would hand the agent the
             # hash an answer must carry; a completion would list the pending ones;

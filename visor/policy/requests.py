@@ -13,7 +13,7 @@ import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from visor import display
-from visor.policy import paths, readings
+from visor.policy import ada, paths, readings
 from visor.policy.evaluate import Decision
 
 if TYPE_CHECKING:
@@ -59,36 +59,71 @@ def _acl(
     if path_forms:
         admitted = all(any(g.match(f) or g.match("file://" + f) for g in acl.allow) for f in path_forms)
     else:
-        admitted = any(g.match(c) for g in acl.allow for c in candidates)
+        # every reading of the name or URI (as written, as a URL parser reads it)
+        admitted = all(any(g.match(c) for g in acl.allow) for c in candidates)
     if not admitted:
         return Decision("deny", f"{rule}.allow", f"{what} matches no allow pattern")
     return None
 
 
+# What a URL parser removes before it reads a URI: leading and trailing C0 controls and spaces,
+# and tabs and newlines anywhere (WHATWG; Python's urlsplit strips the leading ones and drops the
+# same three characters).
+_C0_OR_SPACE = "".join(map(chr, range(0x21)))
+_TAB_OR_NEWLINE = str.maketrans("", "", "\t\n\r")
+
+
+def uri_readings(uri: str) -> tuple[str, ...]:
+    """``uri`` as written and as a server's URL parser reads it: stripped as above, and as
+    WHATWG serialises it (Node's ``new URL()``, which the TypeScript SDK applies to every
+    resources/read before it matches a template: ``" file:///x"`` and ``"fi\tle:///x"`` are
+    ``file:///x`` there)."""
+    out = [uri]
+    cleaned = uri.strip(_C0_OR_SPACE).translate(_TAB_OR_NEWLINE)
+    if cleaned != uri:
+        out.append(cleaned)
+    try:
+        href = ada.parse_url(uri, ("href",))["href"]
+    except ValueError:  # no WHATWG reading: a server that parses so refuses the URI
+        href = None
+    if type(href) is str and href not in out:
+        out.append(href)
+    return tuple(out)
+
+
+def resource_uris(method: str, params: dict[str, Any]) -> tuple[str, ...]:
+    """The readings of the resource a request names beyond its params as written: every reading
+    of its ``uri``, and of a completion's resource template with the value filled in."""
+    uri = completion_uri(params) if method == "completion/complete" else params.get("uri")
+    return uri_readings(uri) if type(uri) is str else ()
+
+
 def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
     """A deny, or None when the URI may be read.
 
-    A ``file:`` URI goes through the same normalisation and sensitive-file
+    Every reading of the URI is judged (`uri_readings`: as written and as a URL parser reads
+    it). A ``file:`` URI goes through the same normalisation and sensitive-file
     list as a path argument of a tool (symlinks resolved where the file
     exists), so ``file:///home/me/.env`` is denied with no ``resources:``
     section at all. Allow/deny globs match the URI as written and, for a
     file URI, each normalised form of its path.
     """
-    candidates: tuple[str, ...] = (uri,)
-    if uri[:5].lower() == "file:":
+    candidates = uri_readings(uri)
+    extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
+    path_forms: tuple[str, ...] = ()
+    for reading in candidates:
+        if reading[:5].lower() != "file:":
+            continue
         try:
-            forms = paths.forms(uri)
+            forms = paths.forms(reading)
         except paths.PathError as e:
             return Decision("deny", "resource.invalid", f"resource URI cannot be checked: {e}")
-        extra = policy.settings.sensitive_paths  # redaction.sensitive_files joined them at load
         for form in forms:
             if paths.is_sensitive(form, extra):
                 return Decision(
                     "deny", "resource.sensitive", f"resource {uri!r} names a sensitive file ({form})"
                 )
-        path_forms: tuple[str, ...] = forms
-    else:
-        path_forms = ()
+        path_forms += tuple(f for f in forms if f not in path_forms)
     found = _registration(policy, server, "resources")
     if found is not None:
         return found
