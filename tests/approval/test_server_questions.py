@@ -74,6 +74,7 @@ def test_a_server_question_reaches_the_person_marked_as_the_servers(tmp_path: Pa
         "\uff36\uff49\uff53\uff4f\uff52: allow?",  # fullwidth letters
         "V\u0456s\u043er: allow the tool call?",  # Cyrillic look-alikes
         "V.i.s.o.r says: approve",
+        "VisorGuard approval: allow the tool call?",  # a word that begins with the name
     ],
 )
 def test_a_server_question_that_speaks_as_visor_never_reaches_the_person(

@@ -223,7 +223,8 @@ def server_request_decision(policy: Policy, server: str, method: str) -> Decisio
 # answer the server believing it was Visor, or learn to say yes to anything that looks like it.
 # Read as a person reads it: compatibility forms folded, invisible characters dropped, the look-alike
 # letters a forger reaches for mapped, and separators between the letters ignored ("V.i.s.o.r");
-# a word that only contains it (advisor, supervisor) is not a claim.
+# a word that begins with it ("VisorGuard") is one, a word that only ends with it (advisor,
+# supervisor) is not.
 _LOOKALIKES = str.maketrans(
     {
         "\u03bd": "v",
@@ -239,10 +240,12 @@ _LOOKALIKES = str.maketrans(
         "\u0433": "r",
     }
 )
-_VISOR_WORD = re.compile(r"(?<![^\W\d_])v[\W_]*i[\W_]*s[\W_]*o[\W_]*r(?![^\W\d_])")
+_VISOR_WORD = re.compile(r"(?<![^\W\d_])v[\W_]*i[\W_]*s[\W_]*o[\W_]*r")
 
 
 def _speaks_as_visor(text: str) -> bool:
+    if text.isascii():  # the common case: nothing to fold, and controls only separate letters
+        return _VISOR_WORD.search(text.lower()) is not None
     seen = "".join(ch for ch in unicodedata.normalize("NFKC", text) if not display.is_unsafe(ch))
     return _VISOR_WORD.search(seen.casefold().translate(_LOOKALIKES)) is not None
 
