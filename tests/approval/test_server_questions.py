@@ -118,3 +118,66 @@ def test_what_cannot_be_marked_or_speaks_as_visor_anywhere_is_refused(params: An
     decision = elicitation_decision(params)
     assert decision is not None and decision.rule == rule
     assert elicitation_decision({"message": "Proceed?", "_meta": {"x": "Visor"}}) is None
+
+
+# ---------------------------------------------------------------- 2026-07-28: questions inside results
+
+INPUT_REQUIRED_SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_input_required.py")]
+
+
+async def _ask_inside_result(
+    tmp_path: Path, tool: str, arguments: dict, policy: str = ""
+) -> tuple[list[dict], str]:
+    """On the 2026-07-28 revision a server asks inside its result (`input_required`): what the
+    client is given to show, round by round, and what it reads at the end."""
+    args = ["--server-name", "helper", "--audit-log", str(tmp_path / "a.jsonl")]
+    if policy:
+        (tmp_path / "p.yaml").write_text(policy)
+        args += ["--policy", str(tmp_path / "p.yaml")]
+    shown: list[dict] = []
+    params = visor_params(INPUT_REQUIRED_SERVER, args)
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.discover()
+        await s.list_tools()
+        result = await s.call_tool(tool, arguments, allow_input_required=True)
+        if isinstance(result, types.InputRequiredResult):
+            asked = result.model_dump(mode="json", by_alias=True, exclude_none=True)["inputRequests"]
+            shown.append(asked)
+            answers = {key: types.ElicitResult(action="accept", content={"ok": True}) for key in asked}
+            result = await s.call_tool(
+                tool,
+                arguments,
+                input_responses=answers,  # type: ignore[arg-type]
+                request_state=result.request_state,
+            )
+        return shown, result.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_question_inside_a_result_is_marked_as_the_servers(tmp_path: Path) -> None:
+    shown, text = anyio.run(_ask_inside_result, tmp_path, "ask", {"question": "Proceed with the export?"})
+    ((_key, request),) = shown[0].items()
+    assert request["method"] == "elicitation/create"
+    first, rest = request["params"]["message"].split("\n", 1)
+    assert (
+        first.startswith('[Question from the MCP server "helper", not from Visor')
+        and rest == "Proceed with the export?"
+    )
+    assert text == "answered accept"  # the answer still reaches the server and the call completes
+
+
+def test_a_question_inside_a_result_that_speaks_as_visor_never_reaches_the_person(tmp_path: Path) -> None:
+    shown, text = anyio.run(_ask_inside_result, tmp_path, "ask", {"question": IMITATION})
+    assert shown == []
+    assert text.startswith("Visor denied the server's elicitation/create") and "speaks_as_visor" in text
+    (deny,) = [r for r in _records(tmp_path / "a.jsonl") if r.get("method") == "elicitation/create"]
+    assert deny["event"] == "deny" and deny["input_request"] == "q"
+
+
+def test_a_sampling_request_inside_a_result_obeys_the_policy(tmp_path: Path) -> None:
+    policy = (
+        'version: "1.0"\ndefault_action: allow\nservers:\n  - name: helper\n    allowed: true\n'
+        "    server_requests: {sampling: deny}\n"
+    )
+    shown, text = anyio.run(_ask_inside_result, tmp_path, "sample", {"prompt": "hi"}, policy)
+    assert shown == []
+    assert "rule: servers[helper].server_requests.sampling" in text

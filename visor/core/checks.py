@@ -571,7 +571,14 @@ class PolicyChecks(Checks):
                 duration_ms=duration_ms,
             )
         )
-        # Observed above as the server sent it; the client gets it redacted and within limits.
+        # Observed above as the server sent it; the client gets it redacted and within limits,
+        # and what it asks the client for judged as the server's own requests are.
+        modern = call.ctx.modern if call is not None else True
+        embedded = self.guard.input_requests("tools/call", response, modern=modern)
+        if isinstance(embedded, bytes):
+            return embedded
+        if embedded is not None:
+            return self.guard.tool_result(tool, embedded) or embedded.raw
         return self.guard.tool_result(tool, response)
 
     def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
@@ -641,6 +648,11 @@ class PolicyChecks(Checks):
         payload = obj.get("result", obj.get("error"))
         if type(payload) is dict:
             self.session.observe_output(None, payload)
+        embedded = self.guard.input_requests(method, response)
+        if isinstance(embedded, bytes):
+            return embedded
+        if embedded is not None:
+            return self.guard.response(method, embedded) or embedded.raw
         if method == "tasks/result":
             # the deferred result of a task-augmented tools/call: a tool result in all but timing
             return self.guard.tool_result(None, response)

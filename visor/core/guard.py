@@ -295,6 +295,54 @@ class DataGuard:
         """A server's notification (progress, log message, ...) with secrets in its text redacted."""
         return self.server_output(msg, "params", direction="notification", method=msg.method)
 
+    def input_requests(
+        self, method: str, response: Message, *, modern: bool = True
+    ) -> Message | bytes | None:
+        """An ``input_required`` answer (2026-07-28) carries the server's elicitation and sampling
+        requests inside it, in place of requests of their own: each is judged, recorded and marked
+        as a standalone one is. Returns the answer with them marked, the error the client gets
+        instead when one is refused, or None (no such answer)."""
+        result = response.obj.get("result")
+        if type(result) is not dict or result.get("resultType") != "input_required":
+            return None
+        embedded = result.get("inputRequests")
+        if type(embedded) is not dict:
+            return None  # only requestState: nothing for the client to show anyone
+        marked: dict[str, Any] = {}
+        for key, request in embedded.items():
+            inner = request.get("method") if type(request) is dict else None
+            if type(inner) is not str:
+                marked[key] = request
+                continue
+            params = request.get("params")
+            decision = self._server_request_decision(inner, params, response.id, input_request=key)
+            if decision is not None:
+                event = events.request_verdict(
+                    "deny",
+                    server=self.server,
+                    method=inner,
+                    request_id=response.id,
+                    rule=decision.rule,
+                    reason=decision.reason,
+                    policy=self.policy.sha256,
+                    direction="server",
+                    input_request=key,
+                )
+                self._emit(AppendRecord(event))
+                self._emit(Announce(event, LOGGER))
+                text = f"Visor denied the server's {inner}: {decision.reason} (rule: {decision.rule})"
+                if method == "tools/call":
+                    return errors.tool_error_result(response.id, text, modern=modern)
+                return errors.error_response(response.id, DENIED_SERVER_REQUEST, text)
+            if inner == "elicitation/create":
+                request = {
+                    **request,
+                    "params": {**params, "message": server_question(self.server, params["message"])},
+                }
+            marked[key] = request
+        raw = _rewrite(response.obj, "result", {**result, "inputRequests": marked})
+        return response._replace(raw=raw, obj=orjson.loads(raw))
+
     def server_output(
         self, msg: Message, key: str, *, direction: str = "output", **detail: Any
     ) -> bytes | None:
@@ -310,25 +358,33 @@ class DataGuard:
         self._redacted(direction, msg.id, findings, **detail)
         return _rewrite(msg.obj, key, new)
 
+    def _server_request_decision(
+        self, method: str, params: Any, request_id: Any, **detail: Any
+    ) -> Decision | None:
+        """A server's request to the client judged, and its allow recorded; the deny is the caller's."""
+        decision = server_request_decision(self.policy, self.server, method)
+        if decision is None and method == "elicitation/create":
+            decision = elicitation_decision(params)
+        if decision is None and method in SERVER_REQUEST_KEYS:
+            event = events.request_verdict(
+                "allow",
+                server=self.server,
+                method=method,
+                request_id=request_id,
+                rule="server_requests.default",
+                reason=f"{method} is allowed from this server",
+                policy=self.policy.sha256,
+                direction="server",
+                **detail,
+            )
+            self._emit(AppendRecord(event))
+        return decision
+
     def server_request(self, msg: Message) -> bytes | None:
         """An error line to send back to the server when its request is refused, else None."""
         assert msg.method is not None
-        decision = server_request_decision(self.policy, self.server, msg.method)
-        if decision is None and msg.method == "elicitation/create":
-            decision = elicitation_decision(msg.obj.get("params"))
+        decision = self._server_request_decision(msg.method, msg.obj.get("params"), msg.id)
         if decision is None:
-            if msg.method in SERVER_REQUEST_KEYS:
-                event = events.request_verdict(
-                    "allow",
-                    server=self.server,
-                    method=msg.method,
-                    request_id=msg.id,
-                    rule="server_requests.default",
-                    reason=f"{msg.method} is allowed from this server",
-                    policy=self.policy.sha256,
-                    direction="server",
-                )
-                self._emit(AppendRecord(event))
             return None
         self._denied(decision, msg, direction="server")
         return errors.error_response(
