@@ -181,3 +181,27 @@ def test_a_sampling_request_inside_a_result_obeys_the_policy(tmp_path: Path) -> 
     shown, text = anyio.run(_ask_inside_result, tmp_path, "sample", {"prompt": "hi"}, policy)
     assert shown == []
     assert "rule: servers[helper].server_requests.sampling" in text
+
+
+def test_requests_in_any_answer_that_carries_them_are_judged() -> None:
+    """The tasks extension carries the same map in a task's status: any answer with
+    `inputRequests` is judged, whatever its resultType."""
+    from visor.core.guard import DataGuard
+    from visor.policy.loader import load_policy_text
+    from visor.wire.message import classify
+
+    emitted: list[Any] = []
+    guard = DataGuard(load_policy_text('version: "1.0"\ndefault_action: allow\n'), "helper", emitted.append)
+    for result in (
+        {
+            "task": {"taskId": "t1", "status": "input_required"},
+            "inputRequests": {"q": {"method": "elicitation/create", "params": {"message": IMITATION}}},
+        },
+        {
+            "resultType": "input_required",
+            "inputRequests": {"q": {"method": "elicitation/create", "params": {"message": IMITATION}}},
+        },
+    ):
+        line = json.dumps({"jsonrpc": "2.0", "id": 3, "result": result}).encode()
+        out = guard.input_requests("tasks/get", classify(line, fold_case=False))  # type: ignore[arg-type]
+        assert isinstance(out, bytes) and b"speaks_as_visor" in out

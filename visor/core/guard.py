@@ -299,14 +299,14 @@ class DataGuard:
         self, method: str, response: Message, *, modern: bool = True
     ) -> Message | bytes | None:
         """An ``input_required`` answer (2026-07-28) carries the server's elicitation and sampling
-        requests inside it, in place of requests of their own: each is judged, recorded and marked
+        requests inside it (``inputRequests``), in place of requests of their own: each is judged, recorded and marked
         as a standalone one is. Returns the answer with them marked, the error the client gets
         instead when one is refused, or None (no such answer)."""
         result = response.obj.get("result")
-        if type(result) is not dict or result.get("resultType") != "input_required":
-            return None
-        embedded = result.get("inputRequests")
-        if type(embedded) is not dict:
+        # Whatever the answer's resultType or method: the tasks extension carries the same map
+        # in a task's status, and a client shows what it finds there.
+        embedded = result.get("inputRequests") if type(result) is dict else None
+        if type(result) is not dict or type(embedded) is not dict:
             return None  # only requestState: nothing for the client to show anyone
         marked: dict[str, Any] = {}
         for key, request in embedded.items():
