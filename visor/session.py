@@ -166,6 +166,9 @@ class SessionState:
         self.ledger: CallLedger | None = None
         # Visor's own files, which no call may name: the evaluator's first check (set by the checks).
         self.protected: ProtectedFacts | None = None
+        # Directories the server reads relative names from besides the working directory (its
+        # command line's, the client's roots): a relative path argument is judged from each.
+        self.path_bases: tuple[str, ...] = ()
         self.taints: set[str] = set()
         # provenance
         # Where a key was first seen is recorded only when some question can

@@ -113,6 +113,7 @@ class PolicyChecks(Checks):
         self.session = session
         # The evaluator's first check reads them from the session (visor.protected_path).
         session.protected = self.protected if self.protected else None
+        session.path_bases = self.protected.bases
         # How long the last evaluation of a client's call took (telemetry takes and clears it).
         self.evaluation_seconds: float | None = None
         self.audit_session = audit_session
@@ -697,6 +698,7 @@ class PolicyChecks(Checks):
         if protected is not self.protected:
             self.protected = protected
             self.session.protected = protected if protected else None
+            self.session.path_bases = protected.bases
 
     def on_server_info(self, info: dict[str, Any]) -> None:
         for ev in self.session.observe_server_info(info):

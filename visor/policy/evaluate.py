@@ -85,7 +85,7 @@ class _Ctx:
         if self._paths is None:
             extra = self.entry.write_params if self.entry is not None else ()
             self._paths = [
-                (name, raw, paths.forms(raw))
+                (name, raw, paths.forms(raw, bases=self.session.path_bases))
                 for name, raw in paths.iter_path_values(self.call.arguments, extra)
             ]
         return self._paths
@@ -272,7 +272,7 @@ def check_command_paths(c: _Ctx) -> Decision | None:
             words = itertools.chain(words, shell.loose_words(cmd))
         for word in words:
             try:
-                found = paths.forms(word)
+                found = paths.forms(word, bases=c.session.path_bases)
             except paths.PathError:
                 continue  # not a path any program could open
             for form in found:

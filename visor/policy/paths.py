@@ -300,7 +300,7 @@ def _texts(raw: str, home: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
+def forms(raw: str, cwd: str | None = None, bases: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Every path a real server could act on for ``raw``, lexical reading first.
 
     The readings (docs/policy.md, "Paths"): the value trimmed and as sent;
@@ -312,7 +312,10 @@ def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
     normalised; normalised then symlinks resolved (Node's filesystem
     server); and the raw join resolved as the kernel walks it (symlinks
     followed before ``..``). A deny rule fires if any reading matches; an
-    allow rule must hold for every one. Raises PathError.
+    allow rule must hold for every one. A relative name is also joined to
+    each of ``bases``: the directories the server itself reads relative names
+    from (Node's filesystem server: its allowed directories, or the client's
+    roots). Raises PathError.
     """
     home = os.environ.get("HOME", "") if "~" in raw else ""
     # only short values are cached: a huge argument must not pin memory
@@ -322,16 +325,17 @@ def forms(raw: str, cwd: str | None = None) -> tuple[str, ...]:
     joins: list[str] = []
     for text in texts:
         if text.startswith("/"):
-            joined = text
+            joined_all: tuple[str, ...] = (text,)
         else:
             if base is None:
                 base = os.getcwd()
-            joined = os.path.join(base, text)
-        norm = _norm(joined)
-        if norm not in lexical:
-            lexical.append(norm)
-        if joined != norm and joined not in joins:
-            joins.append(joined)
+            joined_all = (os.path.join(base, text), *(os.path.join(b, text) for b in bases if b != base))
+        for joined in joined_all:
+            norm = _norm(joined)
+            if norm not in lexical:
+                lexical.append(norm)
+            if joined != norm and joined not in joins:
+                joins.append(joined)
     out = list(lexical)
     for path in (*lexical, *joins):
         real = _real(path)
