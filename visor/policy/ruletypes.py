@@ -205,14 +205,21 @@ def build_plan(rules: tuple[Rule, ...]) -> Plan:
     return tuple(out)
 
 
+_UNCOMBINABLE = re.compile(r"\\[1-9]|\(\?[aiLmsux]+\)|\(\?P=|\(\?\(")
+
+
 def build_screens(rules: tuple[Rule, ...]) -> dict[str, re.Pattern[str]]:
     """One alternation per screened deny pattern type, so a call that matches
     none of thirty patterns costs one regex search. Patterns that cannot be
-    combined (a backreference, an inline global flag) leave the type unscreened."""
+    combined (a backreference, a conditional group, an inline global flag) leave
+    the type unscreened: a screen that misses what one pattern matches alone
+    skips the deny list."""
     out: dict[str, re.Pattern[str]] = {}
     for rtype in (t.name for t in RULE_TYPES.values() if t.screen is not None):
         pats = [p for r in rules if r.type == rtype for p in r.patterns]
-        if len(pats) < 2 or any(re.search(r"\\[1-9]|\(\?[aiLmsux]+\)|\(\?P=", p) for p in pats):
+        # `(?(1)...)` and `\1` name a group by number, which is another pattern's
+        # once the patterns are one alternation
+        if len(pats) < 2 or any(_UNCOMBINABLE.search(p) for p in pats):
             continue
         try:
             out[rtype] = re.compile("|".join(f"(?:{p})" for p in pats), re.IGNORECASE)
