@@ -5,6 +5,10 @@
    another pattern's: the screen missed a command the pattern matched alone, and
    the deny list was skipped (``env touch X`` ran under a pattern written to
    refuse it). Patterns whose meaning depends on group numbers are not combined.
+2. An explicit YAML tag spelled loosely: ``approval_required: !!bool "1"`` (or
+   ``!!bool y``, ``!!bool "true "``) loaded as false, so a tool the author meant to
+   ask about ran without a human; ``!!int "٣"`` loaded as 3. A tagged boolean or
+   integer must now read the same without its tag, or the policy is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from tests.conftest import VisorProcess
 from tests.policy.helpers import decide, policy_from, session_for
 from tests.policy.test_shell_bash_differential import BASH
 from tests.security.test_redteam_paths_commands import BASH_SERVER
+from visor.policy.loader import PolicyError, load_policy
 
 # ---------------------------------------------------------------- 1. screens and group numbers
 
@@ -79,3 +84,72 @@ def test_a_numbered_conditional_deny_pattern_holds_through_visor_run(tmp_path: P
         vp.kill()
     assert msg["result"].get("isError") is True, msg
     assert not (scratch / "X").exists()
+
+
+# ---------------------------------------------------------------- 2. explicit tags spelled loosely
+
+TAGGED = textwrap.dedent(
+    """\
+    version: "1.0"
+    default_action: deny
+    servers:
+      - name: sh
+        allowed: true
+        tools:
+          - name: run
+            allowed: true
+            KEY: VALUE
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("approval_required", '!!bool "1"'),
+        ("approval_required", "!!bool y"),
+        ("approval_required", '!!bool "true "'),
+        ("exfiltrating", '!!bool "Y"'),
+        ("max_calls", '!!int "\u0663"'),
+        ("max_calls", '!!int " 7"'),
+    ],
+)
+def test_a_tagged_value_that_reads_otherwise_untagged_is_refused(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(TAGGED.replace("KEY", key).replace("VALUE", value), encoding="utf-8")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert (info.value.source, info.value.line, info.value.key) == (
+        str(path),
+        9,
+        f"servers[0].tools[0].{key}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "read"),
+    [
+        ("approval_required", '!!bool "true"', True),
+        ("approval_required", "!!bool yes", True),
+        ("approval_required", "no", False),
+        ("max_calls", '!!int "12"', 12),
+        ("max_calls", "0x10", 16),
+    ],
+)
+def test_tags_that_agree_with_the_plain_reading_still_load(
+    tmp_path: Path, key: str, value: str, read: object
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(TAGGED.replace("KEY", key).replace("VALUE", value), encoding="utf-8")
+    tool = load_policy(path).server_index["sh"].tools["run"]
+    assert getattr(tool, key) == read
+
+
+def test_visor_run_refuses_a_loosely_tagged_policy(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(TAGGED.replace("KEY", "approval_required").replace("VALUE", '!!bool "1"'))
+    vp = VisorProcess([sys.executable, "-c", "pass"], visor_args=["--policy", str(path)])
+    assert vp.wait(30) != 0
+    assert f"{path}:9: servers[0].tools[0].approval_required" in vp.stderr

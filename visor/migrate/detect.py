@@ -42,7 +42,9 @@ def bouncer_hint(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
             data = yaml.safe_load(f.read(1 << 20))
-    except (OSError, yaml.YAMLError, UnicodeError, RecursionError):
+    except Exception:
+        # Only a hint, read before the loader: a file the constructor cannot build
+        # (`!!bool "1"`, `!!int x`) is left for the loader to refuse with file, line and key.
         return None
     if not looks_like_bouncer(data):
         return None

@@ -34,6 +34,8 @@ class PolicyError(Exception):
 
 
 TAG = "tag:yaml.org,2002:"
+# What a plain scalar's spelling resolves to with no tag (YAML 1.1, as the loader reads it).
+_RESOLVER = yaml.resolver.Resolver()
 
 
 class Reader:
@@ -87,11 +89,13 @@ class Reader:
     def bool_(self, node: Node, key: str) -> bool:
         if not isinstance(node, ScalarNode) or node.tag != TAG + "bool":
             self.fail(node, key, f"expected true or false, got {kind_of(node)}")
+        self._untagged_reading(node, key, "true or false")
         return node.value.lower() in ("true", "yes", "on")
 
     def int_(self, node: Node, key: str, minimum: int = 0) -> int:
         if not isinstance(node, ScalarNode) or node.tag != TAG + "int":
             self.fail(node, key, f"expected an integer, got {kind_of(node)}")
+        self._untagged_reading(node, key, "an integer")
         try:
             value = int(node.value.replace("_", ""), 0)
         except ValueError:
@@ -99,6 +103,14 @@ class Reader:
         if value < minimum:
             self.fail(node, key, f"must be >= {minimum}, got {value}")
         return value
+
+    def _untagged_reading(self, node: ScalarNode, key: str, expected: str) -> None:
+        # An explicit tag (`!!bool "1"`, `!!int " 7"`) puts a spelling under a type that
+        # readers take differently (`"1"` is false here, `y` true in YAML 1.1's list):
+        # the value must be one that reads as that type with no tag at all.
+        plain: str = _RESOLVER.resolve(ScalarNode, node.value, (True, False))  # type: ignore[no-untyped-call]
+        if plain != node.tag:
+            self.fail(node, key, f"expected {expected}, got {node.value!r} under an explicit tag")
 
     def list_(self, node: Node, key: str) -> list[Node]:
         if isinstance(node, ScalarNode) and node.tag == TAG + "null":
