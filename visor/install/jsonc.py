@@ -16,10 +16,13 @@ wrapping one of two entries with the same name would be a guess.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 _MAX_DEPTH = 200
 _WS = " \t\n\r"
+_LINE_END = re.compile(r"[\n\r]")
+_OTHER_LINE_ENDS = re.compile("[\x0b\x0c\x85\u2028\u2029]")
 
 
 class JsoncError(Exception):
@@ -104,8 +107,20 @@ class _Parser:
                 self.pos += 1
             elif text.startswith("//", self.pos):
                 self.note("comment", self.pos)
-                end = text.find("\n", self.pos)
-                self.pos = n if end < 0 else end
+                # jsonc-parser (VS Code) ends a line comment at CR as well as LF: what
+                # follows a lone CR is read by the client, so it is read here too.
+                m = _LINE_END.search(text, self.pos)
+                end = n if m is None else m.start()
+                odd = _OTHER_LINE_ENDS.search(text, self.pos, end)
+                if odd is not None:
+                    # Other JSONC readers (older jsonc-parser, JavaScript's own rules) end it
+                    # here, and would read the rest of the line as entries.
+                    raise self.fail(
+                        f"a line comment holds {odd.group()!r}, where some readers end it; "
+                        "replace it with a line feed",
+                        odd.start(),
+                    )
+                self.pos = end
             elif text.startswith("/*", self.pos):
                 self.note("comment", self.pos)
                 end = text.find("*/", self.pos + 2)
