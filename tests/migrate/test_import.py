@@ -176,3 +176,56 @@ def test_run_and_lint_point_a_bouncer_policy_at_the_importer(tmp_path: Path) -> 
 
 def test_top_level_keys_match_the_loader() -> None:
     assert detect.VISOR_TOP_LEVEL == loader._TOP
+
+
+# Red team: the importer dropped the keys mcp-visor ignores from a re-read of the file
+# (yaml.safe_load, then safe_dump) that is not the loader's reading: a duplicate key kept
+# its last value (a tool's deny rules replaced by `rules: []`, which both loaders refuse),
+# `1:30` became 90, and a tag the constructor cannot build raised a traceback. Keys are
+# now dropped from the loader's own node tree, so what else was wrong is still refused.
+AFTER_AN_IGNORED_KEY = """\
+version: "1.0"
+servers:
+  - name: sh
+    allowed: true
+    risk: high
+    tools:
+      - name: run
+        allowed: true
+        {rest}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rest", "key"),
+    [
+        (
+            'rules:\n          - type: deny_command_pattern\n            patterns: ["rm"]\n        rules: []',
+            "duplicate key 'rules'",
+        ),
+        ("max_calls: 1:30", "max_calls"),
+        ('approval_required: !!bool "1"', "approval_required"),
+    ],
+)
+def test_mcp_visor_import_never_rereads_what_it_keeps(tmp_path: Path, rest: str, key: str) -> None:
+    src = tmp_path / "p.yaml"
+    src.write_text(AFTER_AN_IGNORED_KEY.format(rest=rest))
+    out = tmp_path / "o.yaml"
+    result = visor("policy", "import", "--from", "mcp-visor", str(src), "-o", str(out))
+    assert result.returncode == 1, result.stderr
+    assert key in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_mcp_visor_import_keeps_every_value_as_written(tmp_path: Path) -> None:
+    src = tmp_path / "p.yaml"
+    src.write_text(
+        AFTER_AN_IGNORED_KEY.format(
+            rest='description: "yes"\n        max_calls: 0x10\n        rules:\n'
+            "          - &r {type: deny_command_pattern, patterns: ['rm\\s']}\n          - *r"
+        )
+    )
+    policy, stderr = imported(tmp_path, "mcp-visor", src)
+    assert "servers[0].risk: dropped" in stderr
+    tool = policy.server_index["sh"].tools["run"]
+    assert (tool.description, tool.max_calls, len(tool.rules)) == ("yes", 16, 2)

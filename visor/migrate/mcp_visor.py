@@ -13,40 +13,49 @@ it to where it takes effect. Any other error is not guessed around.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from visor.migrate.detect import BOUNCER_HINT, looks_like_bouncer
 from visor.migrate.result import Imported, MigrationError, Note
 from visor.policy.loader import PolicyError, load_policy_text
+from visor.policy.reader import compose
 
 _STEP = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 # A policy with more unknown keys than this is not a policy with a few misplaced keys.
 _MAX_DROPS = 200
 
 
-def _parent_and_key(data: Any, path: str) -> tuple[dict[str, Any], str] | None:
-    """The mapping holding the last key of ``servers[1].tools[0].risk``, and that key."""
+def _parent_and_key(root: Node | None, path: str) -> tuple[MappingNode, int] | None:
+    """The mapping node holding the last key of ``servers[1].tools[0].risk``, and that key's index."""
     parts = path.split(".")
-    node = data
+    node = root
     for i, part in enumerate(parts):
         m = _STEP.fullmatch(part)
         if m is None:
             return None
         name, indexes = m.group(1), m.group(2)
-        if i == len(parts) - 1:
-            if indexes or not isinstance(node, dict) or name not in node:
-                return None
-            return node, name
-        if not isinstance(node, dict) or name not in node:
+        if not isinstance(node, MappingNode):
             return None
-        node = node[name]
+        found = [j for j, (k, _v) in enumerate(node.value) if isinstance(k, ScalarNode) and k.value == name]
+        if len(found) != 1:
+            return None
+        if i == len(parts) - 1:
+            return (node, found[0]) if not indexes else None
+        node = node.value[found[0]][1]
         for idx in re.findall(r"\[(\d+)\]", indexes):
-            if not isinstance(node, list) or int(idx) >= len(node):
+            if not isinstance(node, SequenceNode) or int(idx) >= len(node.value):
                 return None
-            node = node[int(idx)]
+            node = node.value[int(idx)]
     return None
+
+
+def _looks_like_bouncer(text: str) -> bool:
+    try:
+        return looks_like_bouncer(yaml.safe_load(text))
+    except Exception:  # only a hint; the loader's error stands
+        return False
 
 
 def normalise(text: str, source: str) -> Imported:
@@ -55,25 +64,29 @@ def normalise(text: str, source: str) -> Imported:
         return Imported(text, ())
     except PolicyError as first:
         error = first
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise MigrationError(f"{source}: not valid YAML: {e}") from None
-    if looks_like_bouncer(data):
+    if _looks_like_bouncer(text):
         raise MigrationError(
             f"{source}: tool names at the top level: this is an mcp-bouncer policy; "
             + BOUNCER_HINT.replace("FILE", source)
         )
+    # Keys are dropped from the loader's own node tree and written back from it: every
+    # value kept is the scalar as written (its style and tag), and a duplicate key, a
+    # merge key or a value the loader refuses is still there to be refused.
+    try:
+        root = compose(text, source)
+    except PolicyError as e:
+        raise MigrationError(f"{source}: not valid YAML: {e.message}") from None
     notes: list[Note] = []
     in_original = True
     for _ in range(_MAX_DROPS):
         if "unknown key" not in error.message:
             raise MigrationError(f"{error} (not an ignored key; fix it by hand)")
-        found = _parent_and_key(data, error.key)
+        found = _parent_and_key(root, error.key)
         if found is None:
             raise MigrationError(f"{error} (cannot locate the key to drop it; fix it by hand)")
-        parent, key = found
-        del parent[key]
+        parent, index = found
+        key = parent.value[index][0].value
+        del parent.value[index]
         hint = error.message.split("(", 1)[1].rstrip(")") if "(" in error.message else ""
         notes.append(
             Note(
@@ -85,7 +98,7 @@ def normalise(text: str, source: str) -> Imported:
             )
         )
         in_original = False
-        out = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+        out = yaml.serialize(root, allow_unicode=True, width=100)
         try:
             load_policy_text(out, source)
         except PolicyError as e:
