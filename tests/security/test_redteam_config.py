@@ -9,12 +9,22 @@
    ``!!bool y``, ``!!bool "true "``) loaded as false, so a tool the author meant to
    ask about ran without a human; ``!!int "٣"`` loaded as 3. A tagged boolean or
    integer must now read the same without its tag, or the policy is refused.
+3. A policy reloaded through a swapped symlink (``policy.yaml -> v2.yaml``, then
+   SIGHUP or ``--watch-policy``) was in force but not Visor's own file: the files
+   no tool may name were resolved once at start, so the new target (and the link
+   itself, which now leads there) could be rewritten by a tool, and the next
+   reload would put the agent's policy in force. A reload now protects the file
+   it loaded, as it resolves then.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +32,7 @@ import pytest
 from tests.conftest import VisorProcess
 from tests.policy.helpers import decide, policy_from, session_for
 from tests.policy.test_shell_bash_differential import BASH
-from tests.security.test_redteam_paths_commands import BASH_SERVER
+from tests.security.test_redteam_paths_commands import BASH_SERVER, NODE_FS
 from visor.policy.loader import PolicyError, load_policy
 
 # ---------------------------------------------------------------- 1. screens and group numbers
@@ -153,3 +163,84 @@ def test_visor_run_refuses_a_loosely_tagged_policy(tmp_path: Path) -> None:
     vp = VisorProcess([sys.executable, "-c", "pass"], visor_args=["--policy", str(path)])
     assert vp.wait(30) != 0
     assert f"{path}:9: servers[0].tools[0].approval_required" in vp.stderr
+
+
+# ---------------------------------------------------------------- 3. a reload through a swapped symlink
+
+FS_POLICY = textwrap.dedent(
+    """\
+    version: "1.0"
+    default_action: deny
+    settings: {session_max_calls: 0, session_timeout_seconds: 0}
+    servers:
+      - name: fs
+        allowed: true
+        tools:
+          - name: "*"
+            allowed: true
+    """
+)
+
+
+def _reloads(vp: VisorProcess, count: int) -> None:
+    deadline = time.monotonic() + 15
+    # the log line's event (a test's folder name may hold the words too)
+    while vp.stderr.count("] policy_reloaded ") < count:
+        assert vp.proc.poll() is None, vp.stderr
+        assert time.monotonic() < deadline, vp.stderr
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not NODE_FS.exists(), reason="needs node and the npm filesystem server"
+)
+def test_a_policy_put_in_force_through_a_swapped_symlink_is_protected(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / "policies").mkdir(parents=True)
+    v1, v2 = project / "policies" / "v1.yaml", project / "policies" / "v2.yaml"
+    v1.write_text(FS_POLICY)
+    v2.write_text(FS_POLICY + "# v2\n")
+    link = project / "policy.yaml"
+    link.symlink_to(v1)
+    vp = VisorProcess(
+        ["node", str(NODE_FS), str(project)],
+        visor_args=[
+            "--policy",
+            str(link),
+            "--server-name",
+            "fs",
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        ],
+    )
+    try:
+        init, listed = vp.open_session(timeout=60, list_id=1)
+        assert "result" in init and "result" in listed
+        # the operator points the link at the next version and reloads
+        swap = project / "policy.yaml.new"
+        swap.symlink_to(v2)
+        swap.replace(link)
+        vp.proc.send_signal(signal.SIGHUP)
+        _reloads(vp, 1)
+        results = []
+        for n, target in enumerate((v2, link), start=2):
+            vp.request(
+                {
+                    "jsonrpc": "2.0",
+                    "id": n,
+                    "method": "tools/call",
+                    "params": {
+                        "name": "write_file",
+                        "arguments": {"path": str(target), "content": "default_action: allow\n"},
+                    },
+                }
+            )
+            while (msg := vp.recv(timeout=60)).get("id") != n:
+                pass
+            results.append(msg["result"])
+    finally:
+        vp.kill()
+    for result in results:
+        assert result.get("isError") is True, result
+        assert "visor.protected_path" in json.dumps(result)
+    assert v2.read_text() == FS_POLICY + "# v2\n"

@@ -104,6 +104,21 @@ class Protected:
     def __bool__(self) -> bool:
         return bool(self.dirs or self.files)
 
+    def with_file(self, path: str | os.PathLike[str]) -> Protected:
+        """These locations and one more file, resolved now; the identities taken at start
+        (of directories renamed since) are kept."""
+        real = os.path.realpath(os.path.abspath(os.fspath(path)))
+        if real in self.files:
+            return self
+        return replace(
+            self,
+            files=tuple(sorted({*self.files, real})),
+            file_ids=self.file_ids | frozenset(_ids([real])),
+            folded_files=tuple(sorted({*self.folded_files, _fold(real)})),
+            folded_ancestors=self.folded_ancestors
+            | frozenset(_fold(a) for a in _ancestors([real], self.cwd or os.getcwd())),
+        )
+
     def named_in_any_reading(self, value: dict[str, object]) -> str | None:
         """The string that names a protected location under any reading of ``value`` (JSON
         inside strings included, as a server that decodes them reads it), or None. Arguments

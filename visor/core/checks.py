@@ -732,13 +732,18 @@ class PolicyChecks(Checks):
         self._append(events.session_end(self.server))
 
     # ------------------------------------------------------------- reloads
-    def on_policy_reload(self, policy: Policy) -> None:
+    def on_policy_reload(self, policy: Policy, path: str | None = None) -> None:
         old = self.policy
         policy = attestation.observe(policy, self.server, self._launched)
         refusal = self._cannot_change(policy)
         if refusal is not None:
             self._reload_failed(str(policy.source), refusal, policy.sha256)
             return
+        if path is not None and self.protected:
+            # The file in force may not be the one resolved at start (a symlink pointed at the
+            # next version): a tool that could write it would choose the next reload's policy.
+            self.protected = self.protected.with_file(path)
+            self.session.protected = self.protected
         self._bind(policy)
         if self.approvals is not None:
             # Questions asked from now on; one already open keeps the wait it started with.

@@ -124,6 +124,8 @@ class PolicyReloaded:
     unless a setting that cannot change while the session runs differs (then refused)."""
 
     policy: Policy
+    # The file it was read from (None: the embedded default), protected from then on.
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,8 +182,9 @@ class Checks:
     def on_close(self) -> None:
         """The session is over (after every held call was withdrawn)."""
 
-    def on_policy_reload(self, policy: Policy) -> None:
-        """A new policy, loaded and validated: put it in force (between two events)."""
+    def on_policy_reload(self, policy: Policy, path: str | None = None) -> None:
+        """A new policy, loaded and validated (from `path`, None for the embedded default):
+        put it in force (between two events)."""
         log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
 
     def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:

@@ -217,10 +217,10 @@ class SessionCore:
                     self._to_client(orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params}))
             case VisorForget(rpc_id=rpc_id):
                 self._visor_to_client.discard(rpc_id)
-            case PolicyReloaded(policy=policy):
+            case PolicyReloaded(policy=policy, path=path):
                 # Between two events: no call is inside the checks now. Calls waiting for
                 # a human keep the policy they were judged under (Approval.policy).
-                self.checks.on_policy_reload(policy)
+                self.checks.on_policy_reload(policy, path)
             case PolicyReloadFailed(source=source, error=error, sha256=sha256):
                 self.checks.on_policy_reload_failed(source, error, sha256)
             case Closing():

@@ -35,7 +35,7 @@ class PolicySource:
             return PolicyReloadFailed(source, str(exc), self._digest())
         except Exception as exc:  # the loader promises PolicyError; a bug still must not swap anything
             return PolicyReloadFailed(source, f"the policy cannot be used: {type(exc).__name__}: {exc}")
-        return PolicyReloaded(policy)
+        return PolicyReloaded(policy, self.path)
 
     def stamp(self) -> tuple[int, int, int] | None:
         """What says the file changed: (mtime in ns, size, inode); None while it cannot be read.
