@@ -734,16 +734,12 @@ class PolicyChecks(Checks):
     # ------------------------------------------------------------- reloads
     def on_policy_reload(self, policy: Policy, path: str | None = None) -> None:
         old = self.policy
+        self._protect_policy_file(path)
         policy = attestation.observe(policy, self.server, self._launched)
         refusal = self._cannot_change(policy)
         if refusal is not None:
             self._reload_failed(str(policy.source), refusal, policy.sha256)
             return
-        if path is not None and self.protected:
-            # The file in force may not be the one resolved at start (a symlink pointed at the
-            # next version): a tool that could write it would choose the next reload's policy.
-            self.protected = self.protected.with_file(path)
-            self.session.protected = self.protected
         self._bind(policy)
         if self.approvals is not None:
             # Questions asked from now on; one already open keeps the wait it started with.
@@ -760,8 +756,19 @@ class PolicyChecks(Checks):
             )
         )
 
-    def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:
+    def on_policy_reload_failed(
+        self, source: str, error: str, sha256: str | None, path: str | None = None
+    ) -> None:
+        self._protect_policy_file(path)
         self._reload_failed(source, error, sha256)
+
+    def _protect_policy_file(self, path: str | None) -> None:
+        # The file a reload read may not be the one resolved at start (a symlink pointed at the
+        # next version): whether it loaded or not, it is the operator's next policy, and a tool
+        # that could write it would choose what the next reload puts in force.
+        if path is not None and self.protected:
+            self.protected = self.protected.with_file(path)
+            self.session.protected = self.protected
 
     def _reload_failed(self, source: str, error: str, sha256: str | None) -> None:
         log.error(

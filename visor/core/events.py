@@ -136,6 +136,9 @@ class PolicyReloadFailed:
     error: str
     # SHA-256 of the file's bytes as they were read, when they could be read.
     sha256: str | None = None
+    # The file (None: the embedded default): the one the operator means to put in force, so it is
+    # protected from then on all the same.
+    path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,6 +187,8 @@ class Checks:
         put it in force (between two events)."""
         log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")
 
-    def on_policy_reload_failed(self, source: str, error: str, sha256: str | None) -> None:
-        """A reload whose policy could not be loaded: the one in force stays."""
+    def on_policy_reload_failed(
+        self, source: str, error: str, sha256: str | None, path: str | None = None
+    ) -> None:
+        """A reload whose policy could not be loaded (from `path`): the one in force stays."""
         log.warning("policy_reload_ignored", detail="--no-checks: there is no policy to reload")

@@ -221,8 +221,8 @@ class SessionCore:
                 # Between two events: no call is inside the checks now. Calls waiting for
                 # a human keep the policy they were judged under (Approval.policy).
                 self.checks.on_policy_reload(policy, path)
-            case PolicyReloadFailed(source=source, error=error, sha256=sha256):
-                self.checks.on_policy_reload_failed(source, error, sha256)
+            case PolicyReloadFailed(source=source, error=error, sha256=sha256, path=path):
+                self.checks.on_policy_reload_failed(source, error, sha256, path)
             case Closing():
                 self._close()
             case _:

@@ -32,9 +32,11 @@ class PolicySource:
         try:
             policy = load_policy(self.path) if self.path is not None else load_default_policy()
         except PolicyError as exc:
-            return PolicyReloadFailed(source, str(exc), self._digest())
+            return PolicyReloadFailed(source, str(exc), self._digest(), self.path)
         except Exception as exc:  # the loader promises PolicyError; a bug still must not swap anything
-            return PolicyReloadFailed(source, f"the policy cannot be used: {type(exc).__name__}: {exc}")
+            return PolicyReloadFailed(
+                source, f"the policy cannot be used: {type(exc).__name__}: {exc}", path=self.path
+            )
         return PolicyReloaded(policy, self.path)
 
     def stamp(self) -> tuple[int, int, int] | None:
