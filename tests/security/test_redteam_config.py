@@ -14,11 +14,17 @@
    no tool may name were resolved once at start, so the new target (and the link
    itself, which now leads there) could be rewritten by a tool, and the next
    reload would put the agent's policy in force. A reload now protects the file
-   it loaded, as it resolves then.
+   it loaded (or failed to load), as it resolves then.
+4. ``--watch-policy`` put a half-written file in force: an editor (or ``cat >``)
+   that writes in place leaves a prefix on disk between two writes, and a prefix
+   that ends before a tool's ``rules:`` is a valid, weaker policy, loaded the moment
+   a poll saw it; a call made then ran without the deny rules. A change is now put
+   in force only once the file has stayed the same for a settle time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -252,3 +258,70 @@ def test_a_policy_reloaded_through_a_swapped_symlink_is_protected(
         assert result.get("isError") is True, result
         assert "visor.protected_path" in json.dumps(result)
     assert v2.read_text() == next_version
+
+
+# ---------------------------------------------------------------- 4. a half-written policy under --watch-policy
+
+SH_FULL = CONDITIONAL_POLICY.replace(
+    "patterns: ['(curl)\\s+evil', '^(env\\s+)?(?(1)touch|rm)\\s']", "patterns: ['touch\\s']"
+)
+# What is on disk between the editor's first write and its second: a valid policy with no rules.
+SH_PREFIX = SH_FULL.split("        rules:")[0]
+
+
+@pytest.mark.skipif(BASH is None, reason="needs the real bash")
+def test_watch_policy_never_puts_a_half_written_file_in_force(tmp_path: Path) -> None:
+    assert "touch" in SH_FULL and "touch" not in SH_PREFIX
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "server.py").write_text(BASH_SERVER)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(SH_FULL)
+    audit = tmp_path / "audit.jsonl"
+    vp = VisorProcess(
+        [sys.executable, str(tmp_path / "server.py")],
+        visor_args=[
+            "--policy",
+            str(policy),
+            "--watch-policy",
+            "--server-name",
+            "sh",
+            "--audit-log",
+            str(audit),
+        ],
+        cwd=scratch,
+        # a poll twenty times a second: the prefix below is seen many times over
+        prelude="import visor.relay.proxy as p; p._POLICY_POLL_SECONDS = 0.05",
+    )
+    try:
+        init, listed = vp.open_session("2025-06-18", timeout=60, list_id=1)
+        assert "result" in init and "result" in listed
+        # the editor saves in place: truncate, write the first part ...
+        with open(policy, "w") as f:
+            f.write(SH_PREFIX)
+            f.flush()
+            time.sleep(0.4)
+            # ... while the agent calls
+            vp.request(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "run", "arguments": {"command": "touch X"}},
+                }
+            )
+            while (msg := vp.recv(timeout=60)).get("id") != 2:
+                pass
+            f.write(SH_FULL[len(SH_PREFIX) :] + "# saved\n")
+        # the whole file, once it holds still, is put in force
+        _reloads(vp, "policy_reloaded")
+    finally:
+        vp.kill()
+    assert msg["result"].get("isError") is True, msg
+    assert not (scratch / "X").exists()
+    reloads = [
+        r.get("policy")
+        for r in (json.loads(line) for line in audit.read_bytes().splitlines())
+        if r["event"] == "policy_reload"
+    ]
+    assert reloads == [hashlib.sha256((SH_FULL + "# saved\n").encode()).hexdigest()]

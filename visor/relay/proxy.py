@@ -23,6 +23,7 @@ import fcntl
 import os
 import signal
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,10 @@ gate_log = get_logger("visor.gate")
 _READ_CHUNK = 256 * 1024
 # How often `--watch-policy` looks at the policy file.
 _POLICY_POLL_SECONDS = 1.0
+# How long a changed policy file must stay the same before `--watch-policy` loads it: an
+# editor that writes in place leaves a prefix between two writes, and a prefix that ends
+# before a tool's rules is a valid, weaker policy.
+_POLICY_SETTLE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -898,12 +903,21 @@ class Relay:
     async def _poll_policy(self, source: PolicySource) -> None:
         # One stat a second: cheaper and more portable than inotify, and an editor's
         # rename-over-the-file is seen the same way as a write in place.
-        seen = source.stamp()
+        loaded = source.stamp()
+        changed: tuple[int, int, int] | None = None  # the stamp of a change not loaded yet
+        since = 0.0
         while not self.closed:
             await asyncio.sleep(_POLICY_POLL_SECONDS)
             now = source.stamp()
-            if now is not None and now != seen:
-                seen = now
+            if now is None or now == loaded:
+                changed = None
+                continue
+            if now != changed:
+                # still being written, maybe: look again once it has held still
+                changed, since = now, time.monotonic()
+                continue
+            if time.monotonic() - since >= _POLICY_SETTLE_SECONDS:
+                loaded, changed = now, None
                 self.request_reload()
 
     def request_reload(self) -> None:
