@@ -241,7 +241,15 @@ class SessionState:
     def effective(self, tool: str) -> Effective:
         eff = self._effective.get(tool)
         if eff is None:
-            eff = resolve_tool(self.policy, self.server_entry, self.active_packs, tool)
+            schema = self.schemas.get(tool)
+            props = schema.get("properties") if isinstance(schema, dict) else None
+            eff = resolve_tool(
+                self.policy,
+                self.server_entry,
+                self.active_packs,
+                tool,
+                frozenset(props) if isinstance(props, dict) else frozenset(),
+            )
             self._effective[tool] = eff
         return eff
 
@@ -307,6 +315,7 @@ class SessionState:
                 # the schema of the pinned tool; a changed tool is denied anyway
                 self.schemas[name] = tool.get("inputSchema")
                 self._names.pop(name, None)
+                self._effective.pop(name, None)  # a pack entry applies by the schema's arguments
             pinned = self.pins.get(name)
             legacy = self._legacy_pins.pop(name, None)
             if legacy is not None and pinned is None:

@@ -42,6 +42,9 @@ def _check_pack(pack_name: str, tools: list[dict]) -> None:
         assert name in real, f"pack {pack_name} names {name!r}, which the server does not list"
         for param in (*entry.write_params, *entry.sink_params):
             assert param in real[name], f"{pack_name}/{name}: no argument {param!r}"
+        if entry.arguments is not None:
+            # the entry describes exactly the verified tool: one with other arguments is another's
+            assert set(entry.arguments) == real[name], (pack_name, name, real[name])
     # every real tool is described by the pack, so nothing falls to the name-based guess
     assert set(real) <= set(pack.tools), set(real) - set(pack.tools)
     # every path argument of the real server is recognised as a path by name

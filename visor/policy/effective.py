@@ -70,6 +70,10 @@ def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
     )
 
 
+def _describes(entry: ToolPolicy, arguments: frozenset[str] | None) -> bool:
+    return entry.arguments is None or arguments is None or arguments <= set(entry.arguments)
+
+
 def select_packs(
     policy: Policy, server: ServerPolicy | None, server_name: str, tool_names: set[str]
 ) -> tuple[str, ...]:
@@ -94,11 +98,24 @@ def select_packs(
     return tuple(out)
 
 
-def resolve_tool(policy: Policy, server: ServerPolicy | None, packs: tuple[str, ...], tool: str) -> Effective:
+def resolve_tool(
+    policy: Policy,
+    server: ServerPolicy | None,
+    packs: tuple[str, ...],
+    tool: str,
+    arguments: frozenset[str] | None = None,
+) -> Effective:
     """What the policy says about `tool` on this server: the entries of the active `packs`
-    merged in order, then the server's own entry for the tool (or its ``"*"`` entry) over them."""
+    merged in order, then the server's own entry for the tool (or its ``"*"`` entry) over them.
+
+    `arguments`: the top-level argument names of the tool's listed schema. A pack entry that
+    names its server's arguments describes only a tool that takes no others: a `fetch` that
+    also takes `method` and `body` is not mcp-server-fetch's reader, whatever its name (None:
+    no listing to compare with, as in lint; the packs as written)."""
     pack_entries: list[tuple[Pack, ToolPolicy]] = [
-        (policy.packs[p], policy.packs[p].tools[tool]) for p in packs if tool in policy.packs[p].tools
+        (policy.packs[p], policy.packs[p].tools[tool])
+        for p in packs
+        if tool in policy.packs[p].tools and _describes(policy.packs[p].tools[tool], arguments)
     ]
     base: ToolPolicy | None = None
     for _pack, pack_entry in pack_entries:

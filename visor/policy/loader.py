@@ -241,7 +241,7 @@ def _sink_kinds(r: Reader, node: Node, key: str, sinks: tuple[str, ...]) -> tupl
 
 
 def _tool(r: Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPolicy:
-    allowed_keys = _TOOL_COMMON if in_pack else _TOOL
+    allowed_keys = _TOOL_COMMON | {"arguments"} if in_pack else _TOOL
     required = ("name",) if in_pack else ("name", "allowed")
     m = r.mapping(node, key, allowed_keys, required, kind="pack tool" if in_pack else "tool")
     name = r.str_(m["name"], f"{key}.name")
@@ -298,6 +298,8 @@ def _tool(r: Reader, node: Node, key: str, origin: str, in_pack: bool) -> ToolPo
         kw["arg_patterns"] = tuple((a, r.regex(v, f"{akey}.{a}")) for a, v in amap.items())
     if "max_calls" in m:
         kw["max_calls"] = r.int_(m["max_calls"], f"{key}.max_calls")
+    if "arguments" in m:
+        kw["arguments"] = r.strs(m["arguments"], f"{key}.arguments")
     for k in ("trusted_output_fields", "sender_fields"):
         if k in m:
             fkey = f"{key}.{k}"

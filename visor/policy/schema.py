@@ -161,6 +161,9 @@ class ToolPolicy:
     # "deny" | "ask": a destination seen in untrusted output; None: not said
     # (settings.untrusted_output decides)
     untrusted_output: str | None = None
+    # (packs) the arguments of the tool the pack was verified against: the entry describes
+    # only a listed tool whose schema takes no others (None: any tool of that name)
+    arguments: tuple[str, ...] | None = None
     # per deny rule type, all its patterns in one regex: a quick "can any match?"
     screens: dict[str, re.Pattern[str]] = field(default_factory=dict)
     # argument rules grouped by type, in order of first appearance: (type, check, rules)
