@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from visor.audit.paths import audit_dir, chain_files
+from visor.display import escape
 
 
 def _targets(args: argparse.Namespace, legacy: str) -> list[Path]:
@@ -57,13 +58,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for target in targets:
         files = chain_files(target)
         if not any(f.exists() for f in files):
-            print(f"FAIL {target}: no such file")
+            print(escape(f"FAIL {target}: no such file"))
             status = max(status, 2)
             continue
         # A live file deleted next to its rotated files, or a rotated file missing
         # from the middle, fails here by name (verify_path checks the files first).
         report = verify_path(target, head=args.head, keys=keys)
-        print(report.summary())
+        # The log and its file names are written by whoever the check is meant to catch: a
+        # FAIL that quotes them must not carry the bytes that would repaint it as an OK.
+        print(escape(report.summary()))
         if not report.ok:
             status = max(status, 1)
     return status
@@ -195,7 +198,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             total += outcome.exported
             for error in outcome.errors:
                 if error not in reported:  # once per problem, not once per poll
-                    print(f"visor audit export: {error}", file=sys.stderr)
+                    print(escape(f"visor audit export: {error}"), file=sys.stderr)
                     reported.add(error)
                 status = 1
             if not args.follow or stop.wait(args.interval):
@@ -216,9 +219,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     try:
         result = repair(Path(args.file), force=args.force)
     except AuditError as exc:
-        print(f"visor audit repair: {exc}", file=sys.stderr)
+        print(escape(f"visor audit repair: {exc}"), file=sys.stderr)
         return 1
-    print(result.message)
+    print(escape(result.message))
     return 0
 
 
