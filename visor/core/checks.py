@@ -196,13 +196,14 @@ class PolicyChecks(Checks):
         self._observe_listing(result, cursor)
 
     def on_listing_failed(self, msg: Message, ctx: CallContext, failure: str) -> Answer:
+        msg = self.guard.redact_call(msg)  # the reason quotes the tool's name
         decision = Decision(
             "deny",
             "pin.no_tools_list",
             f"tool {msg.tool!r} was called before the server's tools were listed, and Visor's "
             f"own tools/list failed ({failure}), so there is nothing to pin the call against",
         )
-        return self._deny(self.guard.redact_call(msg), decision, ctx)
+        return self._deny(msg, decision, ctx)
 
     def on_call_failed(self, msg: Message, ctx: CallContext, reason: str) -> Answer:
         return self._deny(self.guard.redact_call(msg), Decision("deny", "internal.error", reason), ctx)
@@ -722,7 +723,7 @@ class PolicyChecks(Checks):
                 digest=digest,
                 code=rejected.code if rejected is not None else None,
                 method=rejected.method if rejected is not None else None,
-                tool=rejected.tool if rejected is not None else None,
+                tool=self.guard.evidence(rejected.tool) if rejected is not None and rejected.tool else None,
                 request_id=rejected.reply_ids[0] if rejected is not None and rejected.reply_ids else None,
                 has_id=rejected is not None and bool(rejected.reply_ids),
             )

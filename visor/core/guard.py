@@ -91,7 +91,13 @@ class DataGuard:
         self.max_output = policy.settings.max_output_size_bytes
 
     # ------------------------------------------------------------ evidence
+    def evidence(self, text: str) -> str:
+        """`text` redacted as arguments are: a name the model chose (a tool, a resource's URI, a
+        prompt) or a reason quoting one goes where the arguments go, the log, stderr and telemetry."""
+        return self.redactor.arguments.redact_text(text)[0]
+
     def _redacted(self, direction: str, msg_id: Any, findings: list[redact.Finding], **detail: Any) -> None:
+        detail = {k: self.evidence(v) if type(v) is str else v for k, v in detail.items()}
         self._emit(
             AppendRecord(
                 events.redaction(
@@ -111,9 +117,9 @@ class DataGuard:
             method=msg.method,
             request_id=msg.id,
             rule=decision.rule,
-            reason=decision.reason,
+            reason=self.evidence(decision.reason),
             policy=self.policy.sha256,
-            **detail,
+            **{k: self.evidence(v) if type(v) is str else v for k, v in detail.items()},
         )
         self._emit(AppendRecord(event))
         # the same one line on stderr as a denied tool call (resources, prompts, server requests)
@@ -129,13 +135,16 @@ class DataGuard:
         pset = self.redactor.arguments
         if msg.arguments is None or not pset.may_match(msg.raw):
             return msg
+        # The model names the tool as freely as it writes the arguments: the records, the stderr
+        # line and the spans read the name from here. The server still gets the real one (raw).
+        tool = msg.tool if msg.tool is None else pset.redact_text(msg.tool)[0]
         new_args, findings = redact.redact_arguments(pset, msg.arguments)
         if not findings:
-            return msg
+            return msg if tool == msg.tool else msg._replace(tool=tool)
         params = {**(msg.obj.get("params") or {}), "arguments": new_args}
         raw = _rewrite(msg.obj, "params", params)
-        self._redacted("arguments", msg.id, findings, tool=msg.tool, method=msg.method)
-        return msg._replace(raw=raw, obj=orjson.loads(raw), arguments=new_args)
+        self._redacted("arguments", msg.id, findings, tool=tool, method=msg.method)
+        return msg._replace(raw=raw, obj=orjson.loads(raw), arguments=new_args, tool=tool)
 
     def tool_result(self, tool: str | None, response: Message) -> bytes | None:
         result = response.obj.get("result")
