@@ -8,11 +8,14 @@ they must not carry the bytes that would let the forger repaint a FAIL as OK.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from visor.audit import record as rec
+from visor.audit.report import build_report
+from visor.audit.writer import AuditWriter
 from visor.display import has_unsafe
 
 # Erase the line, go back to its start, print a pass, and hide what follows.
@@ -62,3 +65,22 @@ def test_verify_never_prints_a_planted_file_name_raw(tmp_path: Path) -> None:
     verify = _visor("audit", "verify", home=tmp_path)
     assert verify.returncode == 1 and verify.stdout.count("FAIL ") == 2
     assert not has_unsafe(verify.stdout.replace("\n", ""))
+
+
+# A character reference is decoded by every CommonMark renderer unless its & is escaped.
+_REFERENCE = re.compile(r"(?<!\\)&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
+
+
+def test_the_review_pack_renders_a_tool_name_as_the_characters_the_log_holds(tmp_path: Path) -> None:
+    # Each is a denied call's tool name, chosen by the model: rendered, the first shows as
+    # read_file behind a right-to-left override, the second struck through, the third a tag.
+    names = ["&#x202E;elif_daer", "~~send_email~~", "&lt;img src=x&gt;", "&ZeroWidthSpace;rm"]
+    log = tmp_path / "mail.jsonl"
+    writer = AuditWriter.open(log, session="s")
+    for i, name in enumerate(names):
+        writer.append({"event": "deny", "server": "mail", "tool": name, "id": i, "rule": "pin.unknown_tool"})
+    writer.close_sync()
+    pack = build_report([log])
+    assert "elif" in pack and "send" in pack
+    assert _REFERENCE.search(pack) is None, _REFERENCE.search(pack)
+    assert re.search(r"(?<!\\)~(?<!\\)~", pack) is None

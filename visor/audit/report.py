@@ -39,15 +39,20 @@ _WRITE_NAME = re.compile(
 _DECISIONS = ("allow", "deny", "ask", "approve", "decline", "reject")
 
 
+# Markdown's own punctuation. `&` too: a renderer decodes `&#x202E;` or `&lt;` into the
+# character it names, after every escape of the raw text, so a name shown would not be
+# the name logged. `~` strikes through, `$` starts math where a renderer does maths.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]<>|#&~$])")
+
+
 def md(value: Any) -> str:
     """A name from a log or policy, safe inside Markdown table cells and text."""
-    text = printable(value, 80)
-    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", text) or "-"
+    return _MD_SPECIAL.sub(r"\\\1", printable(value, 80)) or "-"
 
 
 def md_long(value: Any) -> str:
     """Like `md` without the length cut (for Visor's own messages)."""
-    return re.sub(r"([\\`*_{}\[\]<>|#])", r"\\\1", printable(value)) or "-"
+    return _MD_SPECIAL.sub(r"\\\1", printable(value)) or "-"
 
 
 # ------------------------------------------------------------------ policy view
