@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.audit.helpers import write_log
 from visor.audit import record as rec
 from visor.audit.report import build_report
 from visor.audit.writer import AuditWriter
@@ -84,3 +87,42 @@ def test_the_review_pack_renders_a_tool_name_as_the_characters_the_log_holds(tmp
     assert "elif" in pack and "send" in pack
     assert _REFERENCE.search(pack) is None, _REFERENCE.search(pack)
     assert re.search(r"(?<!\\)~(?<!\\)~", pack) is None
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied"])
+@pytest.mark.parametrize("signed", [False, True], ids=["keyless", "signed"])
+def test_the_review_pack_never_vouches_for_a_log_whose_live_file_is_gone(
+    tmp_path: Path, damage: str, signed: bool
+) -> None:
+    """`visor audit verify` fails a log whose newest records went with its live file; the pack's
+    integrity line said it verified (it checked the files present, each rotated one ending signed)."""
+    log = tmp_path / "audit" / "fs.jsonl"
+    log.parent.mkdir()
+    key_args: list[str] = []
+    if signed:
+        signing = pytest.importorskip("visor.audit.signing")
+        pytest.importorskip("cryptography")
+        pair = signing.generate(tmp_path / "keys")
+        key_args = ["--key", str(pair.public)]
+        signer = signing.load_signer(pair.private, every=1000, seconds=0)
+        write_log(log, 12, max_bytes=2000, signer=signer)
+    else:
+        write_log(log, 12, max_bytes=2000)
+    assert (log.parent / "fs.jsonl.2").exists()
+    if damage == "deleted":
+        log.unlink()
+    else:
+        log.write_bytes(b"")
+    verify = _visor("audit", "verify", str(log), *key_args, home=tmp_path)
+    assert verify.returncode == 1 and verify.stdout.startswith(f"FAIL {log}: ")
+    for named in ([str(log)], []):  # the log named, and every log of $VISOR_HOME found
+        report = _visor("report", *named, *key_args, home=tmp_path)
+        assert report.returncode == 0, report.stderr
+        assert "Chain integrity (whole log, not only the window): DOES NOT VERIFY" in report.stdout
+        assert "**high**: The audit chain does not verify" in report.stdout
+
+
+def test_the_review_pack_of_a_log_that_is_not_there_does_not_verify(tmp_path: Path) -> None:
+    report = _visor("report", str(tmp_path / "nothing.jsonl"), home=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "DOES NOT VERIFY" in report.stdout and "no such file" in report.stdout

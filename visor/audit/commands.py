@@ -246,10 +246,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     targets = _targets(args, "legacy_files")
     if not targets:
         _no_logs("visor report")
-    chains = [chain_files(t) for t in targets]
     text = build_report(
         [],
-        chains=chains,
+        logs=targets,
         policy_path=Path(args.policy) if args.policy else None,
         win=win,
         policy_from_log=True,

@@ -23,10 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from visor.audit.paths import chain_files
 from visor.audit.reader import Loaded, Window, load
 from visor.audit.record import utc_timestamp
 from visor.audit.show import printable
-from visor.audit.verify import ChainReport, verify_files
+from visor.audit.verify import ChainReport, Problem, verify_files, verify_path
 from visor.display import escape
 
 if TYPE_CHECKING:
@@ -419,17 +420,25 @@ def _policy_from_log(recs: tuple[dict[str, Any], ...]) -> tuple[Path | str | Non
     return path, None
 
 
+def _verify_log(log: Path, keys: Sequence[PublicKey]) -> ChainReport:
+    if not any(p.exists() for p in chain_files(log)):
+        return ChainReport(
+            (log,), 0, None, None, None, 0, Problem(log, 0, 0, "no such file", "missing", False), ()
+        )
+    return verify_path(log, keys=keys)
+
+
 def build_report(
     audit_files: list[Path],
     *,
     policy_path: Path | None = None,
     win: Window = Window(),  # noqa: B008 - Window is frozen
     now: datetime | None = None,
-    chains: list[list[Path]] | None = None,
+    logs: list[Path] | None = None,
     policy_from_log: bool = False,
     keys: Sequence[PublicKey] = (),
 ) -> str:
-    """The pack for one chain (`audit_files`) or several (`chains`, one per server log).
+    """The pack for one chain (`audit_files`) or several (`logs`, each named by its live file).
 
     With `keys`, the integrity line checks the signed checkpoints too (`visor audit verify --key`).
 
@@ -437,8 +446,7 @@ def build_report(
     logged sessions ran under (the embedded default included), when there is
     exactly one and it is unchanged.
     """
-    if chains is None:
-        chains = [audit_files]
+    chains = [chain_files(log) for log in logs] if logs is not None else [audit_files]
     audit_files = [f for files in chains for f in files]
     parts = [load(files, win) for files in chains]
     loaded = Loaded(
@@ -447,7 +455,12 @@ def build_report(
         sum(part.malformed for part in parts),
         tuple(m for part in parts for m in part.missing),
     )
-    reports = [verify_files([p for p in files if p.exists()], keys=keys) for files in chains]
+    if logs is not None:
+        # As `visor audit verify` judges each log: its files first (a live file deleted or emptied
+        # next to its rotated files, a hole in their numbers), then every line.
+        reports = [_verify_log(log, keys) for log in logs]
+    else:
+        reports = [verify_files([p for p in files if p.exists()], keys=keys) for files in chains]
     chain = next((c for c in reports if not c.ok), reports[0] if reports else verify_files([]))
     recs = loaded.records
     policy_note = None
