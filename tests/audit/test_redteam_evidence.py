@@ -126,3 +126,23 @@ def test_the_review_pack_of_a_log_that_is_not_there_does_not_verify(tmp_path: Pa
     report = _visor("report", str(tmp_path / "nothing.jsonl"), home=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "DOES NOT VERIFY" in report.stdout and "no such file" in report.stdout
+
+
+def test_visor_doctor_quotes_a_forged_log_escaped(tmp_path: Path) -> None:
+    """`visor doctor` verifies every log of $VISOR_HOME and says why one fails, as verify does."""
+    home = tmp_path / "visor-home"
+    (home / "audit").mkdir(parents=True)
+    _forged(home / "audit" / "fs.jsonl", FAKE_PASS + "\u202e")
+    env = {**os.environ, "VISOR_HOME": str(home), "HOME": str(tmp_path)}
+    for extra in ([], ["--json"]):
+        doctor = subprocess.run(
+            [sys.executable, "-m", "visor.cli", "doctor", "--no-start", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
+        assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+        assert "does not verify" in doctor.stdout and "OK 3 records" in doctor.stdout
+        assert not has_unsafe(doctor.stdout.replace("\n", ""))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from visor.display import colour_level
+from visor.display import colour_level, escape
 from visor.install import vscode_vars
 from visor.install.configs import (
     UPSTREAM_KEY,
@@ -114,7 +114,8 @@ class Doctor:
         check = Check(level, subject, message, fix)
         self.checks.append(check)
         if not self.quiet:
-            print(colour_level(check.render(), level), flush=True)
+            # Messages quote audit logs, servers' errors and file names: none may drive the terminal.
+            print(colour_level(escape(check.render()), level), flush=True)
 
     def step(self, text: str) -> None:
         """Progress on stderr (a terminal, or --progress): starting a server takes seconds."""
@@ -537,7 +538,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     counts = {lvl: sum(1 for c in doc.checks if c.level == lvl) for lvl in ("OK", "WARN", "FAIL")}
     status = 1 if counts["FAIL"] else 0
     if as_json:
-        print(json.dumps(json_report(doc.checks, paths, counts, status), indent=2, ensure_ascii=False))
+        # ASCII-escaped: no control, C1 or bidi character of a quoted log reaches a terminal raw.
+        print(json.dumps(json_report(doc.checks, paths, counts, status), indent=2, ensure_ascii=True))
     else:
         print(f"{counts['OK']} ok, {counts['WARN']} warning(s), {counts['FAIL']} failure(s)")
     return status
