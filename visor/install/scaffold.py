@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from visor.display import escape
 from visor.install.stdio_client import ClientError, Listing, child_env, list_server
 from visor.policy import paths
 from visor.policy.destinations import is_destination_name
@@ -176,8 +177,13 @@ def plan_tool(tool: dict[str, Any], packs: dict[str, Pack], active: tuple[str, .
 
 
 def _q(text: str) -> str:
-    """A YAML double-quoted scalar (JSON strings are valid YAML)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A YAML double-quoted scalar (JSON strings are valid YAML).
+
+    JSON leaves LS, PS, NEL and other invisible characters raw; YAML folds a line break inside
+    quotes, and a reviewer does not see them: written as escapes (`\\u2028`), which YAML reads back
+    to the same character.
+    """
+    return escape(json.dumps(text, ensure_ascii=False))
 
 
 def _comment(text: str, limit: int = 100) -> str:
@@ -237,7 +243,9 @@ def render_policy(listing: Listing, server_name: str, command: list[str], root: 
         plan = plan_tool(tool, packs, active, root)
         desc = _comment(str(tool.get("description", "")).split("\n", 1)[0], 90)
         if desc:
-            out.append(f"      # {plan.name}: {_comment(desc)}")
+            # The server chose the name: flattened like the description, or a line break in it
+            # (LF, CR, NEL, LS) would end the comment and make the rest of it policy.
+            out.append(f"      # {_comment(plan.name)}: {_comment(desc)}")
         # The confinement root is the user's own path and the point of its line: never cut.
         out.extend(f"      #   {_comment(w, 110 + len(root))}" for w in plan.why)
         out.append(f"      - name: {_q(plan.name)}")
