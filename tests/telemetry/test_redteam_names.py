@@ -85,3 +85,44 @@ def test_a_secret_spelled_as_a_name_reaches_no_evidence_and_no_collector(tmp_pat
     for where, text in shown.items():
         for secret in (GITHUB, AWS_ID):
             assert secret not in text, f"{secret} reached the {where}"
+
+
+def test_a_huge_tool_name_is_bounded_in_telemetry_as_in_the_log(tmp_path: Path) -> None:
+    """The audit log keeps no string over 4096 bytes (a digest and size instead); a span took the
+    name whole: a model could fill the exporter's queue and batches with megabytes per call, and a
+    collector that refuses the oversized batch drops the real spans in it too."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    audit = tmp_path / "audit.jsonl"
+    huge = "x" * (1 << 20)
+    with otlp_receiver() as (endpoint, received):
+        vp = VisorProcess(
+            [sys.executable, str(LEAKY)],
+            env={
+                "LEAKY_LOG": str(tmp_path / "received.jsonl"),
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                "OTEL_METRIC_EXPORT_INTERVAL": "60000",
+            },
+            visor_args=["--server-name", "leaky", "--policy", str(policy), "--audit-log", str(audit)],
+        )
+        vp.request({"jsonrpc": "2.0", "id": "list", "method": "tools/list"})
+        assert "tools" in vp.recv()["result"]
+        vp.request(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": huge, "arguments": {}}}
+        )
+        assert vp.recv()["result"]["isError"] is True
+        vp.request(
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {}}}
+        )
+        assert "isError" not in vp.recv()["result"]
+        vp.close_stdin()
+        assert vp.wait() == 0
+
+    (deny,) = [r for r in map(json.loads, audit.read_text().splitlines()) if r["event"] == "deny"]
+    assert "tool" not in deny and deny["omitted"]["tool"]["bytes"] == 1 << 20
+    assert sorted(s["attributes"]["visor.verdict"] for s in received.spans) == ["allow", "deny"]
+    for span in received.spans:
+        assert len(span["name"]) <= 4096 + 64
+        assert all(len(str(v)) <= 4096 + 64 for v in span["attributes"].values())
+    (denied,) = [s for s in received.spans if s["attributes"]["visor.verdict"] == "deny"]
+    assert deny["omitted"]["tool"]["sha256"] in denied["attributes"]["gen_ai.tool.name"]

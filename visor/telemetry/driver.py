@@ -10,10 +10,12 @@ recorded. Nothing here can change what the core decides.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+from visor.audit.record import MAX_STRING_BYTES
 from visor.core.calls import ToolCallState
 from visor.core.events import (
     Action,
@@ -95,10 +97,22 @@ class DriverTelemetry:
         tool = record.get("tool")
         self.telemetry.gated(
             method=method if isinstance(method, str) else "tools/call",
-            tool=tool if isinstance(tool, str) else None,
+            tool=_bounded(tool) if isinstance(tool, str) else None,
             verdict=verdict,
             rule=str(record.get("rule", "")),
             start_ns=start_ns,
             end_ns=end_ns,
             evaluation_s=evaluation,
         )
+
+
+def _bounded(name: str) -> str:
+    """A tool name as the audit log keeps it: one over its bound becomes its size and digest (the
+    record's `omitted`). The model chooses the name; whole, megabytes of it per call would fill the
+    exporter's queue and batches, and a collector refusing a batch drops the real spans in it."""
+    if len(name) <= MAX_STRING_BYTES // 4:
+        return name
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_STRING_BYTES:
+        return name
+    return f"[omitted: {len(raw)} bytes, sha256 {hashlib.sha256(raw).hexdigest()}]"
