@@ -139,7 +139,8 @@ def announce(gate: Any, event: dict[str, Any], log: Any) -> None:
         kind = event.get("event")
         common = {
             "server": event.get("server") or "-",
-            "tool": event.get("tool") or event.get("method"),
+            # The model names the tool: a megabyte of name is a megabyte of the client's log per call.
+            "tool": _short(event.get("tool") or event.get("method")),
             "rule": event.get("rule"),
             "reason": _short(event.get("reason")),
         }

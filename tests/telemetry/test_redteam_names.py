@@ -118,6 +118,8 @@ def test_a_huge_tool_name_is_bounded_in_telemetry_as_in_the_log(tmp_path: Path) 
         vp.close_stdin()
         assert vp.wait() == 0
 
+    # The deny's line on stderr (the client's log of the server) is bounded too.
+    assert huge[:200] not in vp.stderr and len(vp.stderr) < 64 * 1024
     (deny,) = [r for r in map(json.loads, audit.read_text().splitlines()) if r["event"] == "deny"]
     assert "tool" not in deny and deny["omitted"]["tool"]["bytes"] == 1 << 20
     assert sorted(s["attributes"]["visor.verdict"] for s in received.spans) == ["allow", "deny"]
