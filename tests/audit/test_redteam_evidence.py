@@ -146,3 +146,47 @@ def test_visor_doctor_quotes_a_forged_log_escaped(tmp_path: Path) -> None:
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
         assert "does not verify" in doctor.stdout and "OK 3 records" in doctor.stdout
         assert not has_unsafe(doctor.stdout.replace("\n", ""))
+
+
+def test_a_fifo_among_the_logs_stops_no_check_and_no_export(tmp_path: Path) -> None:
+    """A FIFO under a log's name blocked the open for ever: `visor audit verify` with no argument
+    never reported (so never failed), show, report and export never finished, and the good log
+    beside it was never checked or shipped."""
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    write_log(audit / "fs.jsonl", 3)
+    os.mkfifo(audit / "a.jsonl")
+    verify = _visor("audit", "verify", home=tmp_path)
+    assert verify.returncode == 1
+    fail, ok = verify.stdout.splitlines()
+    assert fail.startswith(f"FAIL {audit / 'a.jsonl'}") and "not a regular file" in fail
+    assert ok.startswith("OK 4 records")
+    show = _visor("audit", "show", home=tmp_path)
+    assert (
+        show.returncode == 0
+        and "3 record(s) from 2 log(s)" in show.stderr
+        and "cannot be read" in show.stderr
+    )
+    report = _visor("report", home=tmp_path)
+    assert (
+        report.returncode == 0
+        and "DOES NOT VERIFY" in report.stdout
+        and "not a regular file" in report.stdout
+    )
+    export = _visor("audit", "export", home=tmp_path)
+    assert export.returncode == 1 and "not a regular file" in export.stderr
+    assert len(export.stdout.splitlines()) == 4  # fs.jsonl shipped whole
+
+
+def test_a_fifo_lock_file_does_not_hang_verify_key(tmp_path: Path) -> None:
+    signing = pytest.importorskip("visor.audit.signing")
+    pytest.importorskip("cryptography")
+    pair = signing.generate(tmp_path / "keys")
+    log = tmp_path / "fs.jsonl"
+    write_log(log, 3, signer=signing.load_signer(pair.private, every=1000, seconds=0))
+    write_log(log, 1)  # a session without the key: the log ends unsigned, so verify asks the lock
+    lock = tmp_path / "fs.jsonl.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    verify = _visor("audit", "verify", "--key", str(pair.public), str(log), home=tmp_path)
+    assert verify.returncode == 1 and "no Visor is writing this log" in verify.stdout

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,13 @@ def live_name(path: Path) -> str:
 def in_use(live: Path) -> bool:
     """Whether a Visor holds the log's lock right now (its writer appends to it)."""
     try:
-        fd = os.open(lock_path(live), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted as the lock must not hold verification up for ever.
+        fd = os.open(lock_path(live), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # Visor's lock is a regular file: this is something else
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True

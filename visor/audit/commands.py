@@ -95,8 +95,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         files = chain_files(target)
         loaded = load(files, win)
         if loaded.missing and len(loaded.missing) == len(files):
-            print(f"visor audit show: {loaded.missing[0]}: no such file", file=sys.stderr)
-            return 2
+            if not any(p.exists() for p in loaded.missing):
+                print(escape(f"visor audit show: {loaded.missing[0]}: no such file"), file=sys.stderr)
+                return 2
+            # There, but not readable as a log (a FIFO, no permission): the other logs are still shown.
+            why = f"visor audit show: {loaded.missing[0]}: cannot be read (`visor audit verify` says why)"
+            print(escape(why), file=sys.stderr)
         records.extend(loaded.records)
         malformed += loaded.malformed
     if len(targets) > 1:

@@ -25,6 +25,7 @@ from typing import Any
 from visor.audit.paths import chain_files
 from visor.audit.record import Parsed, RecordError, parse_line
 from visor.audit.tail import TailTooLong, read_tail
+from visor.audit.verify import open_log_file
 
 STATE_VERSION = 1
 BATCH_RECORDS = 500
@@ -153,7 +154,10 @@ def _ensure_parent(path: Path) -> None:
 
 
 def _last_record(path: Path) -> Parsed | None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = open_log_file(path)
+    except OSError as exc:
+        raise CursorError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     try:
         tail = read_tail(fd, 1)
     except TailTooLong:
@@ -192,7 +196,11 @@ def new_records(live: Path, cursor: Cursor | None, place: Place | None = None) -
             tail = _last_record(path)
             if tail is not None and tail.seq < cursor.seq:
                 continue
-        with open(path, "rb") as fh:
+        try:
+            fd = open_log_file(path)
+        except OSError as exc:
+            raise CursorError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        with open(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             offset, number = 0, 0
             if (

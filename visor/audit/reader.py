@@ -100,14 +100,17 @@ def load(files: list[Path], win: Window = Window()) -> Loaded:
         if not path.exists():
             missing.append(path)
             continue
-        for line in iter_lines(path):
-            try:
-                obj = orjson.loads(line.data) if line.complete else None
-            except orjson.JSONDecodeError:
-                obj = None
-            if not isinstance(obj, dict) or not isinstance(obj.get("event"), str) or "seq" not in obj:
-                malformed += 1
-                continue
-            if win.contains(str(obj.get("ts", ""))):
-                records.append(obj)
+        try:
+            for line in iter_lines(path):
+                try:
+                    obj = orjson.loads(line.data) if line.complete else None
+                except orjson.JSONDecodeError:
+                    obj = None
+                if not isinstance(obj, dict) or not isinstance(obj.get("event"), str) or "seq" not in obj:
+                    malformed += 1
+                    continue
+                if win.contains(str(obj.get("ts", ""))):
+                    records.append(obj)
+        except OSError:  # unreadable, or not a regular file: verify says which (the report quotes it)
+            missing.append(path)
     return Loaded(tuple(files), tuple(records), malformed, tuple(missing))

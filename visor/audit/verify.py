@@ -7,8 +7,11 @@ record.py so that opening a log does not import this module.
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +38,24 @@ class Line:
     complete: bool  # ended with "\n"
 
 
+def open_log_file(path: Path) -> int:
+    """A descriptor for reading `path`, which must be a regular file; OSError otherwise.
+
+    A FIFO (or a device) under a log's name would block the open, or the first read, for ever:
+    every log after it would go unchecked and unexported, and the check would never fail. The
+    open does not wait (O_NONBLOCK, which changes nothing for a regular file).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(
+            errno.EINVAL, "not a regular file (Visor writes its logs as regular files only)", str(path)
+        )
+    return fd
+
+
 def iter_lines(path: Path) -> Iterator[Line]:
-    with open(path, "rb") as fh:
+    with open(open_log_file(path), "rb") as fh:
         offset = 0
         for number, raw in enumerate(fh, start=1):
             complete = raw.endswith(b"\n")
@@ -245,17 +264,21 @@ def verify_files(
 
         check = CheckpointCheck(keys, live_name(files[-1]) if files else "")
     lines = _chain_lines(files)
-    for line in lines:
-        parsed, problem = walker.feed(line)
-        if problem is not None:
-            if parsed is not None and walker.last is not None and parsed.seq > walker.last.seq + 1:
-                problem = _reclassify_gap(problem, walker.last.seq + 1, lines)
-            break
-        if check is not None and parsed is not None:
-            why = check.feed(parsed)
-            if why is not None:
-                problem = Problem(line.path, line.number, line.offset, why, "signature", True)
+    try:
+        for line in lines:
+            parsed, problem = walker.feed(line)
+            if problem is not None:
+                if parsed is not None and walker.last is not None and parsed.seq > walker.last.seq + 1:
+                    problem = _reclassify_gap(problem, walker.last.seq + 1, lines)
                 break
+            if check is not None and parsed is not None:
+                why = check.feed(parsed)
+                if why is not None:
+                    problem = Problem(line.path, line.number, line.offset, why, "signature", True)
+                    break
+    except OSError as exc:
+        where = Path(exc.filename) if exc.filename else files[-1]
+        problem = Problem(where, 0, 0, f"cannot be read: {exc.strerror or exc}", "missing", False)
     if problem is None and walker.first is not None and walker.first.prev != GENESIS:
         notes.append(f"starts at seq {walker.first.seq}: earlier rotated files are not present")
     if problem is None and head is not None and head not in walker.hashes_seen:

@@ -879,7 +879,8 @@ def _settle(
 
 def _tail_of(path: Path) -> rec.Parsed | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted as the rotated file must not hang start-up (check_tail refuses it).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise AuditError(f"{path}: cannot read the previous audit file: {exc.strerror}") from exc
     try:
