@@ -190,3 +190,33 @@ def test_a_fifo_lock_file_does_not_hang_verify_key(tmp_path: Path) -> None:
     os.mkfifo(lock)
     verify = _visor("audit", "verify", "--key", str(pair.public), str(log), home=tmp_path)
     assert verify.returncode == 1 and "no Visor is writing this log" in verify.stdout
+
+
+def test_a_collectors_answer_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    """`visor audit export --otlp` quotes the collector's refusal: an OSC 52 sequence in it would
+    have written the operator's clipboard, a CSI one repainted the line."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            body = b"\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x1b[2K\rexported 4 record(s)\xc2\x9b"
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            return None
+
+    write_log(tmp_path / "audit" / "fs.jsonl", 3)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        export = _visor("audit", "export", "--otlp", url, home=tmp_path)
+    finally:
+        server.shutdown()
+    assert export.returncode == 1 and "HTTP 400" in export.stderr
+    assert not has_unsafe(export.stderr.replace("\n", ""))

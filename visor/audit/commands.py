@@ -160,7 +160,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             config = config_from_env(None if args.otlp == _OTLP_FROM_ENV else args.otlp)
         except ExportError as exc:
-            print(f"visor audit export: {exc}", file=sys.stderr)
+            print(escape(f"visor audit export: {exc}"), file=sys.stderr)
             return 2
 
         def sink(batch: Sequence[Item]) -> None:
@@ -193,8 +193,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 return 0
             try:
                 outcome = export_once(targets, state, sink)
-            except ExportError as exc:
-                print(f"visor audit export: {exc}", file=sys.stderr)
+            except ExportError as exc:  # it quotes the collector's answer
+                print(escape(f"visor audit export: {exc}"), file=sys.stderr)
                 return 1
             except BrokenPipeError:  # `visor audit export | head`: that batch is not counted as exported
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
