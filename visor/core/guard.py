@@ -42,6 +42,7 @@ from visor.policy.requests import (
     prompt_arguments_decision,
     prompt_decision,
     resource_decision,
+    sampling_tools_decision,
     server_request_decision,
     statically_denied,
 )
@@ -374,6 +375,8 @@ class DataGuard:
         decision = server_request_decision(self.policy, self.server, method)
         if decision is None and method == "elicitation/create":
             decision = elicitation_decision(params)
+        if decision is None and method == "sampling/createMessage":
+            decision = sampling_tools_decision(self.policy, self.server, params)
         if decision is None and method in SERVER_REQUEST_KEYS:
             event = events.request_verdict(
                 "allow",

@@ -133,7 +133,7 @@ _SERVER = frozenset(
         "attestation",
     }
 )
-_SERVER_REQUESTS = ("sampling", "elicitation")
+_SERVER_REQUESTS = ("sampling", "elicitation", "sampling_tools")
 _TOOL_COMMON = frozenset(
     {
         "name",

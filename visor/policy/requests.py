@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from visor import display
 from visor.policy import ada, paths, readings
 from visor.policy.evaluate import Decision
+from visor.wire.folding import fold_lower
 
 if TYPE_CHECKING:
     from visor.policy.schema import AccessList, Policy
@@ -216,6 +217,33 @@ def server_request_decision(policy: Policy, server: str, method: str) -> Decisio
             f"the policy refuses {method} from this server",
         )
     return None
+
+
+def sampling_tools_decision(policy: Policy, server: str, params: Any) -> Decision | None:
+    """A deny for a sampling request that offers the client's model tools, unless the server's
+    entry allows it (``server_requests.sampling_tools: allow``). The model then chooses calls the
+    server runs itself, which never pass Visor as tools/call: no argument rule, budget or
+    provenance check sees them. A member spelled in another case counts (a client that matches
+    names case-insensitively, as Go's encoding/json does, reads it)."""
+    if type(params) is not dict:
+        return None
+    offered = [v for k, v in params.items() if fold_lower(k) in ("tools", "toolchoice")]
+    if not any(v not in (None, [], {}) for v in offered):
+        return None
+    entry = policy.server(server)
+    if entry is not None and entry.server_requests.get("sampling_tools") == "allow":
+        return None
+    rule = (
+        f"servers[{entry.name}].server_requests.sampling_tools"
+        if entry is not None
+        else "server_requests.sampling_tools"
+    )
+    return Decision(
+        "deny",
+        rule,
+        "a sampling request that offers tools has the client's model choose calls the server runs "
+        "without Visor judging them (server_requests: sampling_tools: allow permits it)",
+    )
 
 
 # Visor's approval questions and a server's elicitations appear in the same client dialog. A

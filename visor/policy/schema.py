@@ -216,7 +216,8 @@ class ServerPolicy:
     line: int = 0
     resources: AccessList | None = None
     prompts: AccessList | None = None
-    # "sampling" / "elicitation" -> "allow" | "deny"; absent: allow
+    # "sampling" / "elicitation" -> "allow" | "deny"; absent: allow. "sampling_tools": a sampling
+    # request that offers the client's model tools; absent: deny
     server_requests: dict[str, str] = field(default_factory=dict)
     hide_denied_tools: bool = False
     attestation: Attestation | None = None
