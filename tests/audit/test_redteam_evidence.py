@@ -178,6 +178,15 @@ def test_a_fifo_among_the_logs_stops_no_check_and_no_export(tmp_path: Path) -> N
     assert len(export.stdout.splitlines()) == 4  # fs.jsonl shipped whole
 
 
+def test_repair_of_a_fifo_or_a_folder_says_why_without_a_traceback(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "a.jsonl")
+    (tmp_path / "b.jsonl").mkdir()
+    for name, why in (("a.jsonl", "not a regular file"), ("b.jsonl", "cannot open")):
+        repair = _visor("audit", "repair", str(tmp_path / name), home=tmp_path)
+        assert repair.returncode == 1 and why in repair.stderr, repair.stderr
+        assert "Traceback" not in repair.stderr
+
+
 def test_a_fifo_lock_file_does_not_hang_verify_key(tmp_path: Path) -> None:
     signing = pytest.importorskip("visor.audit.signing")
     pytest.importorskip("cryptography")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def repair(path: Path, *, force: bool = False) -> RepairResult:
         except OSError as exc:
             raise AuditError(f"{path}: cannot open: {exc.strerror}") from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise AuditError(f"{path}: not a regular file (Visor writes its logs as regular files only)")
             problem = first_problem(path)
             if problem is None:
                 return RepairResult(False, f"{path}: nothing to repair")
