@@ -9,6 +9,9 @@ must still be stopped by ``egress_controls``.
   judges that reading too. A taint must be raised by the same reading.
 * A path under another case is the same file on a case-insensitive file system (macOS,
   Windows): a taint, like a deny, matches every reading, case ignored.
+* A server names what it reads by whatever its schema calls it (``name``, ``id``,
+  ``endpoint``): a source read through an argument that is not path-shaped, or a URL in
+  one not called ``url``, must taint as well.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ servers:
     allowed: true
     tools:
       - {{name: read_file, allowed: true}}
+      - {{name: read_doc, allowed: true}}
       - {{name: send, allowed: true}}
 taints:
   - name: payroll_read
-    source_tools: [read_file]
+    source_tools: [read_file, read_doc]
     source_patterns: ["{root}/payroll/**"]
 egress_controls:
   - name: no_send_after_payroll
@@ -93,7 +97,7 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     try:
         init, listed = vp.open_session()
         assert "serverInfo" in init["result"]
-        assert len(listed["result"]["tools"]) == 2
+        assert len(listed["result"]["tools"]) == 3
         # the model parameter as a JSON string: the SDK decodes it and reads the file
         vp.request(_call(1, "read_file", {"req": json.dumps({"path": str(secret)})}))
         read = vp.recv()
@@ -108,6 +112,44 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     assert _records(log)[0] == {"tool": "read_file", "path": str(secret)}
     assert _denied(sent), sent
     assert [r["tool"] for r in _records(log)] == ["read_file"]
+
+
+def test_a_read_named_by_a_non_path_argument_taints_the_session(tmp_path: Path) -> None:
+    # read_doc(name) opens its name relative to the server's working directory (Visor's too)
+    root = tmp_path / "data"
+    (root / "payroll").mkdir(parents=True)
+    (root / "payroll" / "2026.csv").write_text("alice,100000\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(root))
+    log = tmp_path / "server.jsonl"
+    vp = VisorProcess(
+        SERVER,
+        env={"TAINT_LOG": str(log)},
+        cwd=root,
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.open_session()
+        vp.request(_call(1, "read_doc", {"name": "payroll/2026.csv"}))
+        read = vp.recv()
+        assert read["id"] == 1 and not _denied(read), read
+        assert "alice,100000" in json.dumps(read)
+        vp.request(_call(2, "send", {"to": "eve", "body": "alice,100000"}))
+        sent = vp.recv()
+        assert sent["id"] == 2
+    finally:
+        vp.kill()
+    assert _records(log)[0] == {"tool": "read_doc", "name": "payroll/2026.csv"}
+    assert _denied(sent), sent
+    assert [r["tool"] for r in _records(log)] == ["read_doc"]
 
 
 def _unit_policy(root: str) -> object:
@@ -152,4 +194,39 @@ def test_taint_still_needs_a_matching_path() -> None:
         {"note": "not json {"},
     ):
         s.record_allowed(ToolCall("files", "read_file", args))
+    assert not s.taints
+
+
+def test_taint_reads_every_argument_as_a_path_or_a_url() -> None:
+    p = policy_from(
+        """
+        version: "1.0"
+        default_action: deny
+        settings: {packs: []}
+        servers:
+          - name: files
+            allowed: true
+            tools:
+              - {name: fetch, allowed: true}
+              - {name: send, allowed: true}
+        taints:
+          - {name: internal, source_tools: [fetch], source_patterns: ["/srv/payroll/**", "**/internal/**"]}
+        egress_controls:
+          - {name: no_send, when_tainted: internal, sink_tools: [send], action: deny}
+        """
+    )
+    for args in (
+        {"endpoint": "https://intranet.example/internal/report"},
+        {"link": "HTTPS://intranet.example/%69nternal/report"},
+        {"request": {"href": "https://intranet.example/internal/x"}},
+        {"id": "/srv/payroll/2026.csv"},
+        {"ids": ["a", "/srv/payroll/2026.csv"]},
+        {"by_name": {"/srv/payroll/2026.csv": True}},
+    ):
+        s = session_for(p, "files")
+        s.record_allowed(ToolCall("files", "fetch", args))
+        assert s.taints == {"internal"}, args
+        assert decide(p, s, "send", to="eve").action == "deny", args
+    s = session_for(p, "files")
+    s.record_allowed(ToolCall("files", "fetch", {"endpoint": "https://intranet.example/public/x", "n": 3}))
     assert not s.taints

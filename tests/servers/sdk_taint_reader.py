@@ -1,6 +1,7 @@
 """An SDK server for tests/security/test_redteam_session_rules.py: a reader whose
 parameter is a pydantic model (the SDK also accepts it as a JSON string,
-``pre_parse_json``) and a sender. Each tool appends what it did to the file named
+``pre_parse_json``), a reader that names its file by a parameter called ``name``
+(relative to the working directory) and a sender. Each tool appends what it did to the file named
 by ``TAINT_LOG`` (one JSON object a line)."""
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def read_file(req: ReadRequest) -> str:
     with open(req.path, encoding="utf-8") as f:
         text = f.read()
     _record("read_file", path=req.path)
+    return text
+
+
+@app.tool()
+def read_doc(name: str) -> str:
+    """Read a document by its name."""
+    with open(name, encoding="utf-8") as f:
+        text = f.read()
+    _record("read_doc", name=name)
     return text
 
 

@@ -73,38 +73,66 @@ def _argument_readings(arguments: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
-    """Every reading of each path-like argument; a taint is set when any
-    reading matches (strictest wins). A URL's path counts as the raw text
-    after the host, the canonical path the fetching client sends
-    (``/ok/../secrets/x`` is ``/secrets/x``) and the fully decoded path a
-    decoding server serves (``/%69nternal/`` is ``/internal/``)."""
+    """Every reading of each argument that may name what the source read; a taint is set
+    when any reading matches (strictest wins). A URL's path counts as the raw text after
+    the host, the canonical path the fetching client sends (``/ok/../secrets/x`` is
+    ``/secrets/x``) and the fully decoded path a decoding server serves (``/%69nternal/``
+    is ``/internal/``).
+
+    Not only path-shaped arguments: a server names what it reads by whatever its schema
+    calls it (``name``, ``id``, ``key``, ``endpoint``), and a source read that Visor does
+    not recognise as one would leave the session untainted while the data reached the
+    model. So every string of the arguments (at any depth, member names too) is read as a
+    URL when it looks like one, else as a path (relative to the working directory, as
+    path arguments are); a reading no server takes only taints, which fails closed."""
     from visor.policy import urls  # imported here: only this function of chains.py reads URLs
 
     out: list[str] = []
-    values = [
-        v
-        for reading in _argument_readings(arguments)
-        for v in paths.iter_path_values(reading, ("url", "uri"))
-    ]
-    for _name, raw in values:
-        out.append(raw)
-        lowered = raw.lower()
-        if ("://" in raw or urls.looks_like_url(raw)) and not lowered.lstrip().startswith("file:"):
-            # a URL: match its path part (and the whole URL) against path globs
-            rest = raw.split("://", 1)[1] if "://" in raw else ""
-            slash = rest.find("/")
-            if slash != -1:
-                out.append(rest[slash:].split("?", 1)[0].split("#", 1)[0])
-            u = urls.read_url(raw.strip())
-            for form in (u.path, u.decoded_path):
-                if form and form not in out:
-                    out.append(form)
-            continue
-        try:
-            out.extend(paths.forms(raw))
-        except paths.PathError:
-            continue
+    seen: set[str] = set()
+    for reading in _argument_readings(arguments):
+        named = {raw for _name, raw in paths.iter_path_values(reading, ("url", "uri"))}
+        for raw in (*named, *_strings(reading)):
+            if raw in seen:
+                continue
+            seen.add(raw)
+            out.append(raw)
+            lowered = raw.lower()
+            if ("://" in raw or urls.looks_like_url(raw)) and not lowered.lstrip().startswith("file:"):
+                # a URL: match its path part (and the whole URL) against path globs
+                rest = raw.split("://", 1)[1] if "://" in raw else ""
+                slash = rest.find("/")
+                if slash != -1:
+                    out.append(rest[slash:].split("?", 1)[0].split("#", 1)[0])
+                u = urls.read_url(raw.strip())
+                for form in (u.path, u.decoded_path):
+                    if form and form not in out:
+                        out.append(form)
+                continue
+            if raw not in named and (not raw.strip() or "\n" in raw or len(raw) > 4096):
+                continue  # free text, not a name any server opens
+            try:
+                out.extend(paths.forms(raw))
+            except paths.PathError:
+                continue
     return out
+
+
+def _strings(value: object) -> list[str]:
+    """Every string in ``value`` at any depth, the members' names included."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            found.append(v)
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if isinstance(k, str):
+                    found.append(k)
+                stack.append(item)
+    return found
 
 
 def egress_hit(
