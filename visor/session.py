@@ -155,6 +155,9 @@ class SessionState:
         self._legacy_pins: dict[str, str] = {}
         self.server_info_pin: str | None = None
         self.server_changed = False
+        # Pinned names by their case-folded form: a server that finds tools case-insensitively
+        # (strings.EqualFold) runs one tool for two names that fold equal.
+        self._folded: dict[str, str] = {}
         # history and budgets (only allowed calls count)
         self.history: list[tuple[str, str]] = []
         self._history_cap = max(
@@ -341,6 +344,7 @@ class SessionState:
             elif pinned != digest and name not in self.changed:
                 self.changed.add(name)
                 events.append(SessionEvent("pin_changed", name, {"pinned": pinned, "sha256": digest}))
+        events.extend(self._case_twins(tools))
         nxt = result.get("nextCursor")
         if not self.listing_complete:
             if isinstance(nxt, str) and nxt:
@@ -348,6 +352,26 @@ class SessionState:
             else:
                 self.listing_complete = True
         self._reselect_packs()
+        return events
+
+    def _case_twins(self, tools: list[Any]) -> list[SessionEvent]:
+        """Two listed names that differ only in case (``send_note`` then ``Send_Note``) are one
+        tool to a server that finds tools case-insensitively: a call by either name may run the
+        definition listed under the other, so neither is trusted (a rename by case in a later
+        listing is a changed tool under its old name too)."""
+        events: list[SessionEvent] = []
+        for tool in tools:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            name = tool["name"]
+            twin = self._folded.setdefault(go_fold(name), name)
+            if twin == name:
+                continue
+            for n in (twin, name):
+                if n not in self.changed:
+                    self.changed.add(n)
+                    other = name if n == twin else twin
+                    events.append(SessionEvent("pin_changed", n, {"case_variant": other}))
         return events
 
     def observe_output(self, tool: str | None, result: dict[str, Any], *, error: bool = False) -> None:
@@ -632,6 +656,7 @@ class SessionState:
         else:
             self.pins.update(tools)
             self.baseline.update(tools)
+        self._case_twins([{"name": n} for n in tools])
         if tools:
             self.listing_complete = True
             self.listing_seen = True

@@ -145,7 +145,9 @@ def check_tool_pin(c: _Ctx) -> Decision | None:
         return _deny("pin.unknown_tool", f"tool {tool!r} was not in the server's tools/list")
     if tool in s.changed:
         return _deny(
-            "pin.changed_tool", f"tool {tool!r} changed its description or schema since it was first listed"
+            "pin.changed_tool",
+            f"tool {tool!r} changed its definition since it was first listed, or a listing named it "
+            "in another case (a case-insensitive server runs one tool for both names)",
         )
     if tool in s.late:
         return _deny(

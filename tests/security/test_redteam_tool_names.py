@@ -1,0 +1,141 @@
+"""Red team: tool names a server reads another way than Visor does.
+
+A server that finds the tool a call names case-insensitively (tests/servers/go_fold_tools:
+``strings.EqualFold``, as tolerant Go dispatchers do) runs one tool for ``send_note`` and
+``Send_Note``. When a later listing renames the tool by case with a new definition, the
+old name is still pinned and unchanged in Visor's eyes, while the server runs the new
+definition for it: a rug pull that pins must catch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import VisorProcess
+from tests.policy.helpers import decide, policy_from
+from visor.session import SessionState
+
+SERVERS = Path(__file__).parents[1] / "servers"
+
+POLICY = """\
+version: "1.0"
+default_action: deny
+settings:
+  packs: []
+servers:
+  - name: notes
+    allowed: true
+    tools:
+      - {name: send_note, allowed: true}
+      - {name: Send_Note, allowed: true}
+"""
+
+
+@pytest.fixture(scope="module")
+def fold_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed (Debian's golang-go): the case-folding server is built from source")
+    work = tmp_path_factory.mktemp("go")
+    env = {
+        **os.environ,
+        "HOME": str(work),
+        "GOCACHE": str(work / "cache"),
+        "GOPATH": str(work / "gopath"),
+        "GO111MODULE": "off",
+        "GOFLAGS": "",
+        "CGO_ENABLED": "0",
+    }
+    out = work / "go_fold_tools"
+    subprocess.run(
+        [go, "build", "-o", str(out), str(SERVERS / "go_fold_tools" / "main.go")],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def _call(vp: VisorProcess, i: int, name: str) -> dict:
+    vp.request(
+        {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": {"to": "bob", "body": "hi"}},
+        }
+    )
+    return vp.recv()
+
+
+def _denied(resp: dict) -> str | None:
+    result = resp.get("result") or {}
+    text = "".join(c.get("text", "") for c in result.get("content", []))
+    return text if result.get("isError") and "Visor denied this call" in text else None
+
+
+def test_a_tool_renamed_by_case_is_a_changed_tool_under_both_names(fold_server: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    notes = tmp_path / "notes.log"
+    vp = VisorProcess(
+        [str(fold_server)],
+        env={"NOTES_LOG": str(notes)},
+        visor_args=[
+            "--server-name",
+            "notes",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        _init, listed = vp.open_session()
+        assert [t["name"] for t in listed["result"]["tools"]] == ["send_note"]
+        assert _denied(_call(vp, 1, "send_note")) is None
+        # the server is updated: its tool is now Send_Note, with another description
+        vp.request({"jsonrpc": "2.0", "id": "l2", "method": "tools/list"})
+        relisted = vp.recv()["result"]["tools"]
+        assert [t["name"] for t in relisted] == ["Send_Note"]
+        old_name = _call(vp, 2, "send_note")
+        new_name = _call(vp, 3, "Send_Note")
+    finally:
+        vp.kill()
+    # the server runs the renamed tool for the old name: only the first call reached it
+    assert notes.read_text().splitlines() == ["send_note\tbob"]
+    assert "pin.changed_tool" in (_denied(old_name) or ""), old_name
+    assert _denied(new_name) is not None, new_name
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert any(r["event"] == "pin_changed" and r["tool"] == "send_note" for r in records)
+
+
+def test_two_names_that_fold_equal_in_one_listing_are_both_denied() -> None:
+    p = policy_from(POLICY)
+    s = SessionState(p, "notes")
+    s.observe_tools_list({"tools": [{"name": "send_note"}, {"name": "SEND_NOTE"}, {"name": "other"}]})
+    assert decide(p, s, "send_note").rule == "pin.changed_tool"
+    assert decide(p, s, "SEND_NOTE").rule == "pin.changed_tool"
+    # Go's simple folding: the long s and the Kelvin sign fold onto s and k
+    s = SessionState(p, "notes")
+    s.observe_tools_list({"tools": [{"name": "send_note"}, {"name": "\u017fend_note"}]})
+    assert decide(p, s, "send_note").rule == "pin.changed_tool"
+
+
+def test_case_twins_from_a_pin_file_are_denied() -> None:
+    p = policy_from(POLICY)
+    s = SessionState(p, "notes")
+    s.import_pins({"format": 2, "server": "notes", "tools": {"send_note": "0" * 64, "Send_Note": "1" * 64}})
+    assert decide(p, s, "send_note").rule == "pin.changed_tool"
+    s = SessionState(p, "notes")
+    s.import_pins({"format": 2, "server": "notes", "tools": {"send_note": "0" * 64}})
+    s.observe_tools_list({"tools": [{"name": "Send_Note"}]})
+    assert decide(p, s, "send_note").rule == "pin.changed_tool"
