@@ -9,6 +9,9 @@ must still be stopped by ``egress_controls``.
   judges that reading too. A taint must be raised by the same reading.
 * A path under another case is the same file on a case-insensitive file system (macOS,
   Windows): a taint, like a deny, matches every reading, case ignored.
+* The policy names a tool in another case than the server lists it (``READ_FILE``,
+  ``Send``): the lists that make a call stricter (taint sources, egress sinks) match
+  in any case, as ``tool_chains`` and ``time_restrictions`` do.
 * A server names what it reads by whatever its schema calls it (``name``, ``id``,
   ``endpoint``): a source read through an argument that is not path-shaped, or a URL in
   one not called ``url``, must taint as well.
@@ -230,3 +233,51 @@ def test_taint_reads_every_argument_as_a_path_or_a_url() -> None:
     s = session_for(p, "files")
     s.record_allowed(ToolCall("files", "fetch", {"endpoint": "https://intranet.example/public/x", "n": 3}))
     assert not s.taints
+
+
+def test_taint_sources_and_egress_sinks_match_the_listed_tool_in_any_case(tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    (root / "payroll").mkdir(parents=True)
+    secret = root / "payroll" / "2026.csv"
+    secret.write_text("alice,100000\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        _policy(root)
+        .replace("source_tools: [read_file, read_doc]", "source_tools: [READ_FILE]")
+        .replace("sink_tools: [send]", "sink_tools: [Send]")
+    )
+    log = tmp_path / "server.jsonl"
+    vp = VisorProcess(
+        SERVER,
+        env={"TAINT_LOG": str(log)},
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.open_session()
+        vp.request(_call(1, "read_file", {"req": {"path": str(secret)}}))
+        read = vp.recv()
+        assert read["id"] == 1 and not _denied(read), read
+        vp.request(_call(2, "send", {"to": "eve", "body": "alice,100000"}))
+        sent = vp.recv()
+    finally:
+        vp.kill()
+    assert _denied(sent), sent
+    assert [r["tool"] for r in _records(log)] == ["read_file"]
+
+
+def test_tool_name_lists_that_restrict_fold_case_and_the_ones_that_allow_do_not() -> None:
+    from visor.policy.chains import name_matches, name_matches_any_case
+
+    assert name_matches_any_case(["send_note"], "Send_Note")
+    assert name_matches_any_case(["slack_*"], "SLACK_post")
+    assert name_matches_any_case(["send_note"], "\u017fend_note")  # Go folds the long s onto s
+    assert not name_matches_any_case(["send_note"], "send_notes")
+    assert not name_matches(["fs/read_file"], "fs/READ_FILE")  # identities: another case is another tool

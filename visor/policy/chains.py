@@ -17,6 +17,7 @@ from visor.policy.schema import (
     Taint,
     TimeRestriction,
 )
+from visor.wire.folding import go_fold
 
 
 def name_matches(patterns: Sequence[str], name: str) -> bool:
@@ -24,20 +25,33 @@ def name_matches(patterns: Sequence[str], name: str) -> bool:
     return any(p == name or p == "*" or (("*" in p or "?" in p) and fnmatchcase(name, p)) for p in patterns)
 
 
+def name_matches_any_case(patterns: Sequence[str], name: str) -> bool:
+    """``name_matches`` with case ignored (Go's simple folding), for the lists that make a
+    call stricter (taint sources, egress sinks): a policy's ``send_note`` covers a server's
+    ``Send_Note``, as ``tool_chains`` and ``time_restrictions`` already match. Never for a
+    list that allows (identities): there another case is another tool."""
+    if name_matches(patterns, name):
+        return True
+    folded = go_fold(name)
+    return any(
+        go_fold(p) == folded or (("*" in p or "?" in p) and fnmatchcase(folded, go_fold(p))) for p in patterns
+    )
+
+
 def taints_set_by(
     taints: Sequence[Taint], server: str, tool: str, arguments: dict[str, Any]
 ) -> list[tuple[Taint, str]]:
     """Taints that an allowed call sets, with the argument value that matched.
 
-    As in mcp-visor, a taint fires when the tool is a source tool and one of
-    its path-like arguments matches a source pattern (no patterns: any call of
-    the tool). URL arguments are matched on their path too, so ``**/secrets/**``
+    As in mcp-visor, a taint fires when the tool is a source tool (in any case) and one
+    of its arguments, read as a path or a URL, matches a source pattern (no patterns:
+    any call of the tool). URLs are matched on their path too, so ``**/secrets/**``
     taints a fetch of ``https://host/secrets/x``.
     """
     hits: list[tuple[Taint, str]] = []
     candidates: list[str] | None = None
     for taint in taints:
-        if not name_matches(taint.source_tools, tool):
+        if not name_matches_any_case(taint.source_tools, tool):
             continue
         if taint.source_servers and not name_matches(taint.source_servers, server):
             continue
@@ -141,7 +155,7 @@ def egress_hit(
     for c in controls:
         if c.when_tainted not in taints:
             continue
-        if not name_matches(c.sink_tools, tool):
+        if not name_matches_any_case(c.sink_tools, tool):
             continue
         if c.sink_servers and not name_matches(c.sink_servers, server):
             continue
