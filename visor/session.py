@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from visor.policy import chains, fields, readings
 from visor.policy import destinations as dst
 from visor.policy.effective import Effective, resolve_tool, select_packs
-from visor.policy.schema import Policy, ServerPolicy
+from visor.policy.schema import Policy, ServerPolicy, Taint
 from visor.wire.folding import go_fold
 
 if TYPE_CHECKING:
@@ -560,14 +560,28 @@ class SessionState:
             del self.history[: -self._history_cap]
         self.calls_total += 1
         self.tool_calls[call.tool] = self.tool_calls.get(call.tool, 0) + 1
+        hits = chains.taints_set_by(self.policy.taints, call.server, call.tool, call.arguments)
+        return self._raise_taints(hits, call.tool)
+
+    def record_resource_read(self, uri: str) -> list[SessionEvent]:
+        """A ``resources/read`` about to be relayed: the data it returns taints the session as a
+        source tool's read of the same file or URL would (docs/policy.md, "taints")."""
+        if not self.policy.taints:
+            return []
+        return self._raise_taints(chains.taints_read_by_resource(self.policy.taints, self.server, uri), None)
+
+    def _raise_taints(self, hits: list[tuple[Taint, str]], tool: str | None) -> list[SessionEvent]:
         events: list[SessionEvent] = []
-        for taint, value in chains.taints_set_by(self.policy.taints, call.server, call.tool, call.arguments):
+        for taint, value in hits:
             if taint.name not in self.taints:
                 self.taints.add(taint.name)
-                events.append(SessionEvent("taint", call.tool, {"taint": taint.name, "matched": value}))
+                detail = {"taint": taint.name, "matched": value}
+                if tool is None:
+                    detail["method"] = "resources/read"
+                events.append(SessionEvent("taint", tool, detail))
                 if self.group is not None:
                     # a failure marks the group lost: every member then assumes every taint
-                    self.group.raise_taint(taint.name, call.tool)
+                    self.group.raise_taint(taint.name, tool or "resources/read")
         return events
 
     def adopt_counts(self, counts: SharedCounts) -> None:

@@ -12,6 +12,9 @@ must still be stopped by ``egress_controls``.
 * The policy names a tool in another case than the server lists it (``READ_FILE``,
   ``Send``): the lists that make a call stricter (taint sources, egress sinks) match
   in any case, as ``tool_chains`` and ``time_restrictions`` do.
+* A server that offers its files as resources hands the same data to a
+  ``resources/read`` (tests/servers/go_fs): a read whose URI matches a taint's
+  patterns taints the session like the source tool's read of the same file.
 * A server names what it reads by whatever its schema calls it (``name``, ``id``,
   ``endpoint``): a source read through an argument that is not path-shaped, or a URL in
   one not called ``url``, must taint as well.
@@ -23,8 +26,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import VisorProcess
 from tests.policy.helpers import decide, policy_from, session_for
+from tests.security.go_servers import build
 from visor.policy.evaluate import ToolCall
 
 SERVER = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_taint_reader.py")]
@@ -281,3 +287,66 @@ def test_tool_name_lists_that_restrict_fold_case_and_the_ones_that_allow_do_not(
     assert name_matches_any_case(["send_note"], "\u017fend_note")  # Go folds the long s onto s
     assert not name_matches_any_case(["send_note"], "send_notes")
     assert not name_matches(["fs/read_file"], "fs/READ_FILE")  # identities: another case is another tool
+
+
+def test_a_resource_read_of_a_source_file_taints_the_session(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    go_fs = build("go_fs", tmp_path_factory.mktemp("go"))
+    root = tmp_path / "data"
+    (root / "payroll").mkdir(parents=True)
+    secret = root / "payroll" / "2026.csv"
+    secret.write_text("alice,100000\n")
+    shared = tmp_path / "shared.txt"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"""\
+version: "1.0"
+default_action: deny
+settings:
+  packs: []
+servers:
+  - name: files
+    allowed: true
+    tools:
+      - {{name: read_file, allowed: true}}
+      - {{name: write_file, allowed: true}}
+taints:
+  - name: payroll_read
+    source_tools: [read_file]
+    source_patterns: ["{root}/payroll/**"]
+egress_controls:
+  - name: no_write_after_payroll
+    when_tainted: payroll_read
+    sink_tools: [write_file]
+    action: deny
+"""
+    )
+    vp = VisorProcess(
+        [str(go_fs)],
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.open_session()
+        vp.request(
+            {"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": f"file://{secret}"}}
+        )
+        read = vp.recv()
+        assert "alice,100000" in json.dumps(read), read
+        # pipelined right behind the read: the taint must already hold
+        vp.request(_call(2, "write_file", {"path": str(shared), "content": "alice,100000"}))
+        wrote = vp.recv()
+    finally:
+        vp.kill()
+    assert _denied(wrote), wrote
+    assert not shared.exists()
+    taints = [r for r in _records(tmp_path / "audit.jsonl") if r.get("event") == "taint"]
+    assert len(taints) == 1 and taints[0]["method"] == "resources/read", taints

@@ -10,18 +10,14 @@ definition for it: a rug pull that pins must catch.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import VisorProcess
 from tests.policy.helpers import decide, policy_from
+from tests.security.go_servers import build
 from visor.session import SessionState
-
-SERVERS = Path(__file__).parents[1] / "servers"
 
 POLICY = """\
 version: "1.0"
@@ -39,28 +35,7 @@ servers:
 
 @pytest.fixture(scope="module")
 def fold_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("go is not installed (Debian's golang-go): the case-folding server is built from source")
-    work = tmp_path_factory.mktemp("go")
-    env = {
-        **os.environ,
-        "HOME": str(work),
-        "GOCACHE": str(work / "cache"),
-        "GOPATH": str(work / "gopath"),
-        "GO111MODULE": "off",
-        "GOFLAGS": "",
-        "CGO_ENABLED": "0",
-    }
-    out = work / "go_fold_tools"
-    subprocess.run(
-        [go, "build", "-o", str(out), str(SERVERS / "go_fold_tools" / "main.go")],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    return build("go_fold_tools", tmp_path_factory.mktemp("go"))
 
 
 def _call(vp: VisorProcess, i: int, name: str) -> dict:

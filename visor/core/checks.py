@@ -640,7 +640,14 @@ class PolicyChecks(Checks):
                     {"visor": {"rule": "visor.protected_path"}},
                 )
             )
-        return self.guard.client_request(msg)
+        verdict = self.guard.client_request(msg)
+        if msg.method == "resources/read" and type(verdict) is not Refuse and type(params) is dict:
+            uri = params.get("uri")
+            if type(uri) is str:
+                # Raised before the read is relayed: a call pipelined behind it sees the taint.
+                for ev in self.session.record_resource_read(uri):
+                    self._append(self._session_record(ev))
+        return verdict
 
     def on_response(self, method: str, response: Message) -> bytes | None:
         """Any answer but a tool call's or a tool listing's (resources, prompts, initialize's

@@ -69,6 +69,27 @@ def taints_set_by(
     return hits
 
 
+def taints_read_by_resource(taints: Sequence[Taint], server: str, uri: str) -> list[tuple[Taint, str]]:
+    """Taints that a relayed ``resources/read`` of ``uri`` sets: every taint with source
+    patterns (and this server among its source servers) whose patterns match the URI, read
+    as a source argument is. Whatever its ``source_tools`` say: a resource is the same data
+    a source tool reads, reached without a tool, and the patterns say what data taints."""
+    hits: list[tuple[Taint, str]] = []
+    candidates: list[str] | None = None
+    for taint in taints:
+        if not taint.source_patterns:
+            continue  # "any call of these tools": a resource read is no tool call
+        if taint.source_servers and not name_matches(taint.source_servers, server):
+            continue
+        if candidates is None:
+            candidates = _taint_candidates({"uri": uri})
+        for value in candidates:
+            if any(g.match_folded(value) for g in taint.source_patterns):
+                hits.append((taint, value))
+                break
+    return hits
+
+
 def _argument_readings(arguments: dict[str, Any]) -> list[dict[str, Any]]:
     """The arguments as sent, and as a server that JSON-decodes string parameters reads
     them (the evaluator judges both: visor/policy/readings.py). Every string parameter is
