@@ -4,7 +4,9 @@ A server that finds the tool a call names case-insensitively (tests/servers/go_f
 ``strings.EqualFold``, as tolerant Go dispatchers do) runs one tool for ``send_note`` and
 ``Send_Note``. When a later listing renames the tool by case with a new definition, the
 old name is still pinned and unchanged in Visor's eyes, while the server runs the new
-definition for it: a rug pull that pins must catch.
+definition for it: a rug pull that pins must catch. The same server finds the method a
+request names the same way, so ``Tools/Call`` would run a tool no check judged, no budget
+counted and no record shows.
 """
 
 from __future__ import annotations
@@ -91,6 +93,59 @@ def test_a_tool_renamed_by_case_is_a_changed_tool_under_both_names(fold_server: 
     assert _denied(new_name) is not None, new_name
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert any(r["event"] == "pin_changed" and r["tool"] == "send_note" for r in records)
+
+
+def test_a_method_spelt_in_another_case_never_reaches_the_server(fold_server: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        POLICY.replace("{name: send_note, allowed: true}", "{name: send_note, allowed: true, max_calls: 1}")
+    )
+    notes = tmp_path / "notes.log"
+    audit = tmp_path / "audit.jsonl"
+    vp = VisorProcess(
+        [str(fold_server)],
+        env={"NOTES_LOG": str(notes)},
+        visor_args=[
+            "--server-name",
+            "notes",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(audit),
+            "--no-group",
+        ],
+    )
+    answers = []
+    try:
+        vp.open_session()
+        assert _denied(_call(vp, 1, "send_note")) is None
+        assert "budget.max_calls" in (_denied(_call(vp, 2, "send_note")) or "")
+        for i, method in enumerate(("Tools/Call", "TOOLS/CALL", "tools/call ", "\ttool\u017f/call"), start=3):
+            vp.request(
+                {
+                    "jsonrpc": "2.0",
+                    "id": i,
+                    "method": method,
+                    "params": {"name": "send_note", "arguments": {"to": "eve"}},
+                }
+            )
+            answers.append(vp.recv())
+        vp.request(
+            {
+                "jsonrpc": "2.0",
+                "method": "Tools/Call",
+                "params": {"name": "send_note", "arguments": {"to": "eve"}},
+            }
+        )
+        vp.request({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+        assert vp.recv()["id"] == 9
+    finally:
+        vp.kill()
+    # the budget of one call holds: no spelling of tools/call ran a second one
+    assert notes.read_text().splitlines() == ["send_note\tbob"]
+    assert all(a.get("error", {}).get("code") == -32600 for a in answers), answers
+    rejects = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(r["event"] == "reject" for r in rejects) == 5
 
 
 def test_two_names_that_fold_equal_in_one_listing_are_both_denied() -> None:

@@ -82,6 +82,7 @@ from visor.core.passthrough import (
 )
 from visor.logs import get_logger
 from visor.wire import errors
+from visor.wire.folding import go_fold
 from visor.wire.framer import Framer, Oversize, Truncated
 from visor.wire.message import Kind, Message, Rejected, classify, is_valid_id
 
@@ -99,6 +100,11 @@ _PROTOCOL_META_PREFIX = "io.modelcontextprotocol/"
 # initialize still gets the check for Visor's own files (PolicyChecks.on_client_request).
 GATED_CLIENT_METHODS = frozenset(("resources/read", "resources/subscribe", "prompts/get"))
 _GATED_SERVER_METHODS = frozenset(("sampling/createMessage", "elicitation/create"))
+# The client's methods Visor judges or pins by. A server that finds methods case-insensitively
+# or trimmed (strings.EqualFold) runs `Tools/Call` as a tools/call that no check saw, no budget
+# counted and no record shows: a spelling that folds onto one of these without being it is
+# refused (folded keys: the methods as such a server reads them).
+_JUDGED_METHODS = {go_fold(m): m for m in ("tools/call", "tools/list", "initialize", *GATED_CLIENT_METHODS)}
 # Pages of Visor's own listing it follows; a server that never stops paging gets
 # the pins of these pages and no more.
 MAX_LISTING_PAGES = 1000
@@ -335,6 +341,14 @@ class SessionCore:
             return
         assert isinstance(msg, Message)
         kind = msg.kind
+        method = msg.method
+        if method is not None and kind is not Kind.RESPONSE:
+            judged = _JUDGED_METHODS.get(go_fold(method.strip()))
+            if judged is not None and judged != method:
+                ids = (msg.id,) if kind is Kind.REQUEST else ()
+                reason = f"method {short(method)} is a variant of {judged}; a server may read it as {judged}"
+                self._reject_client(Rejected(errors.INVALID_REQUEST, reason, ids, method=method), line)
+                return
         if kind is Kind.REQUEST:
             self._client_request(msg)
         elif kind is Kind.NOTIFICATION:

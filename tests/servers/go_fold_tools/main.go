@@ -1,6 +1,7 @@
-// A minimal MCP stdio server that finds the tool a call names with
-// strings.EqualFold, as tolerant hand-written dispatchers do: `send_note` and
-// `Send_Note` run the same tool. Its first tools/list names the tool
+// A minimal MCP stdio server that finds the method a request names, and the
+// tool a call names, with strings.EqualFold (and the method trimmed), as tolerant
+// hand-written dispatchers do: `send_note` and `Send_Note` run the same tool, and
+// `Tools/Call` is a tools/call. Its first tools/list names the tool
 // `send_note`; every later one renames it `Send_Note` with a new description
 // (an update, or a rug pull hidden in a rename by case). Each call that runs
 // appends `NAME<TAB>to` to the file NOTES_LOG names.
@@ -60,7 +61,13 @@ func main() {
 		if err := json.Unmarshal(in.Bytes(), &req); err != nil || req.ID == nil {
 			continue
 		}
-		switch req.Method {
+		method := strings.TrimSpace(req.Method)
+		for _, known := range []string{"initialize", "tools/list", "tools/call"} {
+			if strings.EqualFold(method, known) {
+				method = known
+			}
+		}
+		switch method {
 		case "initialize":
 			var p map[string]interface{}
 			json.Unmarshal(req.Params, &p)
