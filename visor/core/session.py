@@ -345,7 +345,7 @@ class SessionCore:
         if method is not None and kind is not Kind.RESPONSE:
             judged = _JUDGED_METHODS.get(go_fold(method.strip()))
             if judged is not None and judged != method:
-                ids = (msg.id,) if kind is Kind.REQUEST else ()
+                ids = (msg.id,) if kind is Kind.REQUEST and msg.id is not None else ()
                 reason = f"method {short(method)} is a variant of {judged}; a server may read it as {judged}"
                 self._reject_client(Rejected(errors.INVALID_REQUEST, reason, ids, method=method), line)
                 return
