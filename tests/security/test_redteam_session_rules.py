@@ -350,3 +350,40 @@ egress_controls:
     assert not shared.exists()
     taints = [r for r in _records(tmp_path / "audit.jsonl") if r.get("event") == "taint"]
     assert len(taints) == 1 and taints[0]["method"] == "resources/read", taints
+
+
+def test_the_taint_record_keeps_no_secret_the_allow_record_redacts(tmp_path: Path) -> None:
+    from tests.conftest import RECORDER
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        """\
+version: "1.0"
+default_action: deny
+settings: {packs: []}
+servers:
+  - name: rec
+    allowed: true
+    tools:
+      - {name: echo, allowed: true}
+taints:
+  - {name: keys_read, source_tools: [echo], source_patterns: ["/srv/**"]}
+"""
+    )
+    audit = tmp_path / "audit.jsonl"
+    secret = "AKIAIOSFODNN7EXAMPLE"
+    vp = VisorProcess(
+        [sys.executable, str(RECORDER)],
+        env={"RECORDER_LOG": str(tmp_path / "received.jsonl")},
+        visor_args=["--server-name", "rec", "--policy", str(policy), "--audit-log", str(audit), "--no-group"],
+    )
+    try:
+        vp.open_session()
+        vp.request(_call(1, "echo", {"path": f"/srv/keys/{secret}.txt"}))
+        assert vp.recv()["id"] == 1
+    finally:
+        vp.kill()
+    records = _records(audit)
+    (taint,) = [r for r in records if r["event"] == "taint"]
+    assert taint["taint"] == "keys_read" and "/srv/keys/" in taint["matched"]
+    assert secret not in audit.read_text()

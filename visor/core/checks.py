@@ -881,6 +881,11 @@ class PolicyChecks(Checks):
             # A tool that appeared after the first listing: pinned, but never trusted.
             kind = "pin"
             detail["late"] = True
+        matched = detail.get("matched")
+        if type(matched) is str and matched:
+            # The argument value that raised a taint: redacted as the call's arguments are, or
+            # the taint record would keep the secret the allow record beside it leaves out.
+            detail["matched"] = self.guard.redactor.arguments.redact_text(matched)[0]
         return events.session_change(kind, self.server, ev.tool, detail)
 
     def _append(self, event: dict[str, Any]) -> None:
