@@ -12,6 +12,7 @@ counted and no record shows.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,52 @@ def test_case_twins_from_a_pin_file_are_denied() -> None:
     s.import_pins({"format": 2, "server": "notes", "tools": {"send_note": "0" * 64}})
     s.observe_tools_list({"tools": [{"name": "Send_Note"}]})
     assert decide(p, s, "send_note").rule == "pin.changed_tool"
+
+
+def test_a_policy_entry_in_another_case_is_not_skipped_for_the_star_entry(tmp_path: Path) -> None:
+    # The SDK server lists `send`; the policy asks a human for `Send` and allows the rest.
+    # Judged by "*", the send would run without the question the policy asks for it.
+    server = [sys.executable, str(Path(__file__).parents[1] / "servers" / "sdk_taint_reader.py")]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        """\
+version: "1.0"
+default_action: deny
+settings: {packs: []}
+servers:
+  - name: files
+    allowed: true
+    tools:
+      - {name: Send, allowed: true, approval_required: true}
+      - {name: "*", allowed: true}
+"""
+    )
+    log = tmp_path / "server.jsonl"
+    vp = VisorProcess(
+        server,
+        env={"TAINT_LOG": str(log)},
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.open_session()
+        vp.request(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "send", "arguments": {"to": "eve", "body": "x"}},
+            }
+        )
+        sent = vp.recv()
+    finally:
+        vp.kill()
+    assert "registration.case_variant" in (_denied(sent) or ""), sent
+    assert not log.exists()

@@ -14,6 +14,7 @@ from typing import TypeVar
 from visor.policy import destinations as dst
 from visor.policy.loader import build_plan, build_screens
 from visor.policy.schema import Pack, Policy, ServerPolicy, ToolPolicy
+from visor.wire.folding import go_fold
 
 _T = TypeVar("_T")
 
@@ -27,6 +28,9 @@ class Effective:
     fallback: bool  # no pack entry and no exact policy entry: guess destinations by name
     trust: dst.TrustList
     packs: tuple[str, ...] = ()
+    # The server entry's name for this tool in another case (``send_email`` for a listed
+    # ``Send_Email``), when it has no entry of its exact name: what it restricts would be missed.
+    case_twin: str | None = None
 
 
 def merge_tool(base: ToolPolicy | None, over: ToolPolicy) -> ToolPolicy:
@@ -127,10 +131,15 @@ def resolve_tool(
     trusted: tuple[str, ...] = entry.trusted_destinations if entry is not None else ()
     if server is not None:
         trusted = trusted + server.allowed_destinations
+    twin: str | None = None
+    if server is not None and exact is None:
+        folded = go_fold(tool)
+        twin = next((k for k in server.tools if k != "*" and go_fold(k) == folded), None)
     return Effective(
         entry=entry,
         registered=user is not None,
         fallback=exact is None and base is None,
         trust=dst.build_trust(trusted) if trusted else dst.EMPTY_TRUST,
         packs=tuple(p.name for p, _ in pack_entries),
+        case_twin=twin,
     )

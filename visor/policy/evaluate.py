@@ -213,6 +213,14 @@ def check_registration(c: _Ctx) -> Decision | None:
         return None
     if not srv.allowed:
         return _deny(f"servers[{srv.name}].allowed", f"server {srv.name!r} is not allowed by the policy")
+    twin = c.eff.case_twin
+    if twin is not None:
+        # The policy names this tool only in another case: judging it by the "*" entry or the
+        # default would drop whatever that entry restricts (an approval, a budget, a rule).
+        return _deny(
+            "registration.case_variant",
+            f"tool {c.call.tool!r} is named {twin!r} in the policy; name it as the server lists it",
+        )
     if not c.eff.registered:
         if default_deny:
             return _deny("registration.unknown_tool", f"tool {c.call.tool!r} is not in the policy")
