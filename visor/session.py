@@ -592,12 +592,11 @@ class SessionState:
         self.history = list(counts.history[-self._history_cap :]) if self._history_cap else []
 
     def adopt_pins(self, data: dict[str, Any]) -> None:
-        """Take the pins of a session started on another replica. Unlike a pin file, this leaves
-        the listing unseen: Visor's own tools/list (before the first call) then reads this
+        """Take the pins of a session started on another replica. As with a pin file, the
+        listing stays unseen: Visor's own tools/list (before the first call) then reads this
         upstream's tools and schemas and holds them to these pins, so a tool that differs on
         the new upstream is a changed tool."""
         self.import_pins(data)
-        self.listing_seen = False
 
     def remember_approval(self, call: ToolCall, decision: Decision, persist: bool = False) -> None:
         """Remember a human's yes for this tool, argument and destination only:
@@ -672,8 +671,11 @@ class SessionState:
             self.baseline.update(tools)
         self._case_twins([{"name": n} for n in tools])
         if tools:
+            # The pinned listing is the first one: any tool it lacks is late. It is not this
+            # server's listing, though: until one is seen, Visor lists the tools itself before the
+            # first call, so a tool whose definition changed since it was pinned is a changed tool
+            # even for a client that calls without listing (a cached or remembered tool).
             self.listing_complete = True
-            self.listing_seen = True
         if info is not None:
             self.server_info_pin = info
         self._reselect_packs()

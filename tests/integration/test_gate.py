@@ -229,6 +229,40 @@ def test_pins_persist_across_restarts(tmp_path: Path) -> None:
         second.kill()
 
 
+def test_a_pinned_tool_changed_since_is_denied_to_a_client_that_never_lists(tmp_path: Path) -> None:
+    # The pin file holds echo as it was first approved; the server now describes it otherwise.
+    # A client that calls from memory (no tools/list) must not get past the comparison.
+    from visor.session import pin_digest
+
+    pin_file = tmp_path / "pins.json"
+    approved = {"name": "echo", "description": "Echo, as first approved", "inputSchema": {"type": "object"}}
+    pin_file.write_text(json.dumps({"format": 2, "server": "rec", "tools": {"echo": pin_digest(approved)}}))
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    log = tmp_path / "received.jsonl"
+    vp = VisorProcess(
+        [sys.executable, str(RECORDER)],
+        env={"RECORDER_LOG": str(log)},
+        visor_args=[
+            "--server-name",
+            "rec",
+            "--policy",
+            str(policy_file),
+            "--pin-file",
+            str(pin_file),
+            "--audit-log",
+            str(tmp_path / "a.jsonl"),
+        ],
+    )
+    try:
+        resp = _call(vp, 1, "echo", {"a": 1})
+        sentinel(vp)
+    finally:
+        vp.kill()
+    assert resp["result"]["isError"] is True and "pin.changed_tool" in resp["result"]["content"][0]["text"]
+    assert not any(b'"tools/call"' in line for line in received(log))
+
+
 def test_bad_policy_refuses_to_start_naming_file_line_and_key(tmp_path: Path) -> None:
     policy_file = tmp_path / "bad.yaml"
     policy_file.write_text(POLICY.replace("max_calls: 1", 'max_calls: "1"'))
