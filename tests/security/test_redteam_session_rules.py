@@ -48,10 +48,11 @@ servers:
     tools:
       - {{name: read_file, allowed: true}}
       - {{name: read_doc, allowed: true}}
+      - {{name: read_in, allowed: true}}
       - {{name: send, allowed: true}}
 taints:
   - name: payroll_read
-    source_tools: [read_file, read_doc]
+    source_tools: [read_file, read_doc, read_in]
     source_patterns: ["{root}/payroll/**"]
 egress_controls:
   - name: no_send_after_payroll
@@ -106,7 +107,7 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     try:
         init, listed = vp.open_session()
         assert "serverInfo" in init["result"]
-        assert len(listed["result"]["tools"]) == 3
+        assert len(listed["result"]["tools"]) == 4
         # the model parameter as a JSON string: the SDK decodes it and reads the file
         vp.request(_call(1, "read_file", {"req": json.dumps({"path": str(secret)})}))
         read = vp.recv()
@@ -123,8 +124,18 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     assert [r["tool"] for r in _records(log)] == ["read_file"]
 
 
-def test_a_read_named_by_a_non_path_argument_taints_the_session(tmp_path: Path) -> None:
-    # read_doc(name) opens its name relative to the server's working directory (Visor's too)
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        # read_doc(name) opens its name relative to the server's working directory (Visor's too)
+        ("read_doc", {"name": "payroll/2026.csv"}),
+        # read_in(folder, name) joins the name to a folder given beside it
+        ("read_in", {"folder": "/", "name": "payroll/2026.csv"}),
+    ],
+)
+def test_a_read_named_by_a_non_path_argument_taints_the_session(
+    tmp_path: Path, tool: str, arguments: dict
+) -> None:
     root = tmp_path / "data"
     (root / "payroll").mkdir(parents=True)
     (root / "payroll" / "2026.csv").write_text("alice,100000\n")
@@ -134,7 +145,7 @@ def test_a_read_named_by_a_non_path_argument_taints_the_session(tmp_path: Path) 
     vp = VisorProcess(
         SERVER,
         env={"TAINT_LOG": str(log)},
-        cwd=root,
+        cwd=root if tool == "read_doc" else tmp_path,
         visor_args=[
             "--server-name",
             "files",
@@ -147,7 +158,9 @@ def test_a_read_named_by_a_non_path_argument_taints_the_session(tmp_path: Path) 
     )
     try:
         vp.open_session()
-        vp.request(_call(1, "read_doc", {"name": "payroll/2026.csv"}))
+        if tool == "read_in":
+            arguments = {**arguments, "folder": str(root)}
+        vp.request(_call(1, tool, arguments))
         read = vp.recv()
         assert read["id"] == 1 and not _denied(read), read
         assert "alice,100000" in json.dumps(read)
@@ -156,9 +169,9 @@ def test_a_read_named_by_a_non_path_argument_taints_the_session(tmp_path: Path) 
         assert sent["id"] == 2
     finally:
         vp.kill()
-    assert _records(log)[0] == {"tool": "read_doc", "name": "payroll/2026.csv"}
+    assert _records(log)[0] == {"tool": tool, **arguments}
     assert _denied(sent), sent
-    assert [r["tool"] for r in _records(log)] == ["read_doc"]
+    assert [r["tool"] for r in _records(log)] == [tool]
 
 
 def _unit_policy(root: str) -> object:
@@ -249,7 +262,7 @@ def test_taint_sources_and_egress_sinks_match_the_listed_tool_in_any_case(tmp_pa
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         _policy(root)
-        .replace("source_tools: [read_file, read_doc]", "source_tools: [READ_FILE]")
+        .replace("source_tools: [read_file, read_doc, read_in]", "source_tools: [READ_FILE]")
         .replace("sink_tools: [send]", "sink_tools: [Send]")
     )
     log = tmp_path / "server.jsonl"

@@ -1,7 +1,7 @@
 """An SDK server for tests/security/test_redteam_session_rules.py: a reader whose
 parameter is a pydantic model (the SDK also accepts it as a JSON string,
 ``pre_parse_json``), a reader that names its file by a parameter called ``name``
-(relative to the working directory) and a sender. Each tool appends what it did to the file named
+(relative to the working directory), one that joins a name to a folder, and a sender. Each tool appends what it did to the file named
 by ``TAINT_LOG`` (one JSON object a line)."""
 
 from __future__ import annotations
@@ -39,6 +39,15 @@ def read_doc(name: str) -> str:
     with open(name, encoding="utf-8") as f:
         text = f.read()
     _record("read_doc", name=name)
+    return text
+
+
+@app.tool()
+def read_in(folder: str, name: str) -> str:
+    """Read a document from a folder."""
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+        text = f.read()
+    _record("read_in", folder=folder, name=name)
     return text
 
 

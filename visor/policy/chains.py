@@ -124,6 +124,8 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
 
     out: list[str] = []
     seen: set[str] = set()
+    bases: list[str] = []
+    relatives: list[str] = []
     for reading in _argument_readings(arguments):
         named = {raw for _name, raw in paths.iter_path_values(reading, ("url", "uri"))}
         for raw in (*named, *_strings(reading)):
@@ -149,7 +151,29 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
                 out.extend(paths.forms(raw))
             except paths.PathError:
                 continue
+            if raw[:1] in ("/", "~") or raw[:5].lower() == "file:":
+                bases.append(raw)
+            else:
+                relatives.append(raw)
+    # A server may join a relative name to a folder given in another argument
+    # (``read(folder="/srv", name="payroll/2026.csv")``): each relative value is read under
+    # each absolute one too (bounded: a call with more is read as far as the bounds go).
+    for base in dict.fromkeys(bases[:_MAX_BASES]):
+        try:
+            folder = paths.normalise(base)
+        except paths.PathError:
+            continue
+        for rel in relatives[:_MAX_RELATIVES]:
+            try:
+                out.extend(paths.forms(rel, cwd=folder))
+            except paths.PathError:
+                continue
     return out
+
+
+# How many absolute and relative values of one source call are joined (see _taint_candidates).
+_MAX_BASES = 16
+_MAX_RELATIVES = 256
 
 
 def _strings(value: object) -> list[str]:
