@@ -400,3 +400,16 @@ taints:
     (taint,) = [r for r in records if r["event"] == "taint"]
     assert taint["taint"] == "keys_read" and "/srv/keys/" in taint["matched"]
     assert secret not in audit.read_text()
+
+
+def test_decoy_folders_cannot_hide_the_one_a_name_is_joined_to() -> None:
+    p = _unit_policy("/srv/data")
+    s = session_for(p, "files")
+    decoys = {f"d{i}": f"/srv/decoy{i}" for i in range(40)}
+    s.record_allowed(
+        ToolCall("files", "read_in", {**decoys, "folder": "/srv/data", "name": "payroll/2026.csv"})
+    )
+    assert s.taints == {"payroll_read"}
+    s = session_for(p, "files")
+    s.record_allowed(ToolCall("files", "read_in", {"folder": "/srv/data", "name": "public/2026.csv"}))
+    assert not s.taints

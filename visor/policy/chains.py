@@ -60,6 +60,9 @@ def taints_set_by(
             continue
         if candidates is None:
             candidates = _taint_candidates(arguments)
+        if candidates and candidates[0] is UNREAD:
+            hits.append((taint, UNREAD))  # more values than Visor reads: assume the source
+            continue
         for value in candidates:
             # as a deny matches: case- and normalisation-insensitively, with Windows' reading
             # of names (a case-insensitive file system reads /Data/PAYROLL as /data/payroll)
@@ -157,13 +160,18 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
                 relatives.append(raw)
     # A server may join a relative name to a folder given in another argument
     # (``read(folder="/srv", name="payroll/2026.csv")``): each relative value is read under
-    # each absolute one too (bounded: a call with more is read as far as the bounds go).
-    for base in dict.fromkeys(bases[:_MAX_BASES]):
+    # each absolute one too. Bounded; a call with more values is not read but taints, or
+    # decoys placed first would hide the folder the server uses.
+    bases = list(dict.fromkeys(bases))
+    relatives = list(dict.fromkeys(relatives))
+    if bases and relatives and (len(bases) > _MAX_BASES or len(relatives) > _MAX_RELATIVES):
+        return [UNREAD]
+    for base in bases:
         try:
             folder = paths.normalise(base)
         except paths.PathError:
             continue
-        for rel in relatives[:_MAX_RELATIVES]:
+        for rel in relatives:
             try:
                 out.extend(paths.forms(rel, cwd=folder))
             except paths.PathError:
@@ -171,6 +179,8 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
     return out
 
 
+#: What a taint record says matched when a source call had too many values to join.
+UNREAD = "(more folders and names than Visor joins: assumed to read a source)"
 # How many absolute and relative values of one source call are joined (see _taint_candidates).
 _MAX_BASES = 16
 _MAX_RELATIVES = 256
