@@ -641,10 +641,13 @@ class SessionState:
     # ------------------------------------------------------------ pin files
 
     def export_pins(self) -> dict[str, Any]:
+        """The pins to keep: the tools trusted on first use. A tool that appeared after the first
+        listing is left out, so that the next session holds it late too instead of trusting it
+        as part of its first listing."""
         out: dict[str, Any] = {
             "format": PIN_FORMAT,
             "server": self.server,
-            "tools": dict(sorted(self.pins.items())),
+            "tools": {k: v for k, v in sorted(self.pins.items()) if k not in self.late},
         }
         if self.server_info_pin is not None:
             out["server_info"] = self.server_info_pin

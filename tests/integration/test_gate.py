@@ -263,6 +263,55 @@ def test_a_pinned_tool_changed_since_is_denied_to_a_client_that_never_lists(tmp_
     assert not any(b'"tools/call"' in line for line in received(log))
 
 
+def test_a_tool_that_appeared_late_is_not_trusted_after_a_restart(tmp_path: Path) -> None:
+    # The client lists page 1, starts a listing afresh (the first listing ends there), then
+    # fetches page 2: its tool is late. Saved to the pin file as a pin, it would be part of
+    # the next session's first listing, trusted on first use.
+    server = [sys.executable, str(Path(__file__).parents[1] / "servers" / "late_lister.py")]
+    pin_file = tmp_path / "pins.json"
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        POLICY.replace('name: "rec"', 'name: "lister"').replace('name: "echo"', 'name: "*"')
+    )
+
+    def start(n: int) -> VisorProcess:
+        return VisorProcess(
+            server,
+            env={"LISTER_MODE": "paged", "LISTER_LOG": str(tmp_path / f"lister{n}.jsonl")},
+            visor_args=[
+                "--server-name",
+                "lister",
+                "--policy",
+                str(policy_file),
+                "--pin-file",
+                str(pin_file),
+                "--audit-log",
+                str(tmp_path / f"a{n}.jsonl"),
+            ],
+        )
+
+    first = start(1)
+    try:
+        for i, params in enumerate(({}, {}, {"cursor": "page-2"})):
+            first.request({"jsonrpc": "2.0", "id": f"l{i}", "method": "tools/list", "params": params})
+            first.recv()
+        late = _call(first, 1, "second_page", {})
+    finally:
+        first.kill()
+    assert "pin.new_tool" in late["result"]["content"][0]["text"]
+    second = start(2)
+    try:
+        for i, params in enumerate(({}, {"cursor": "page-2"})):
+            second.request({"jsonrpc": "2.0", "id": f"l{i}", "method": "tools/list", "params": params})
+            second.recv()
+        again = _call(second, 1, "second_page", {})
+        echo = _call(second, 2, "echo", {})
+    finally:
+        second.kill()
+    assert again["result"]["isError"] is True and "pin.new_tool" in again["result"]["content"][0]["text"]
+    assert echo["result"].get("isError") is not True
+
+
 def test_bad_policy_refuses_to_start_naming_file_line_and_key(tmp_path: Path) -> None:
     policy_file = tmp_path / "bad.yaml"
     policy_file.write_text(POLICY.replace("max_calls: 1", 'max_calls: "1"'))
