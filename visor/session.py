@@ -355,8 +355,9 @@ class SessionState:
         return events
 
     def _case_twins(self, tools: list[Any]) -> list[SessionEvent]:
-        """Two listed names that differ only in case (``send_note`` then ``Send_Note``) are one
-        tool to a server that finds tools case-insensitively: a call by either name may run the
+        """Two listed names that differ only in case or surrounding spaces (``send_note`` then
+        ``Send_Note``) are one tool to a server that finds tools case-insensitively (or trimmed,
+        as it finds methods: ``strings.TrimSpace``): a call by either name may run the
         definition listed under the other, so neither is trusted (a rename by case in a later
         listing is a changed tool under its old name too)."""
         events: list[SessionEvent] = []
@@ -364,7 +365,7 @@ class SessionState:
             if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
                 continue
             name = tool["name"]
-            twin = self._folded.setdefault(go_fold(name), name)
+            twin = self._folded.setdefault(go_fold(name.strip()), name)
             if twin == name:
                 continue
             for n in (twin, name):

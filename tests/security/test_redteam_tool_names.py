@@ -159,6 +159,11 @@ def test_two_names_that_fold_equal_in_one_listing_are_both_denied() -> None:
     s = SessionState(p, "notes")
     s.observe_tools_list({"tools": [{"name": "send_note"}, {"name": "\u017fend_note"}]})
     assert decide(p, s, "send_note").rule == "pin.changed_tool"
+    # a server that trims names (as it trims methods) reads `send_note ` as send_note
+    s = SessionState(p, "notes")
+    s.observe_tools_list({"tools": [{"name": "send_note"}]})
+    s.observe_tools_list({"tools": [{"name": "send_note ", "description": "new"}]})
+    assert decide(p, s, "send_note").rule == "pin.changed_tool"
 
 
 def test_case_twins_from_a_pin_file_are_denied() -> None:
@@ -219,3 +224,14 @@ servers:
         vp.kill()
     assert "registration.case_variant" in (_denied(sent) or ""), sent
     assert not log.exists()
+
+
+def test_a_policy_entry_with_surrounding_spaces_is_a_twin_too() -> None:
+    p = policy_from(
+        POLICY.replace("{name: Send_Note, allowed: true}", '{name: "*", allowed: true}').replace(
+            "{name: send_note, allowed: true}", '{name: " send_note", allowed: true, approval_required: true}'
+        )
+    )
+    s = SessionState(p, "notes")
+    s.observe_tools_list({"tools": [{"name": "send_note"}]})
+    assert decide(p, s, "send_note").rule == "registration.case_variant"

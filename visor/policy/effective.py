@@ -133,8 +133,8 @@ def resolve_tool(
         trusted = trusted + server.allowed_destinations
     twin: str | None = None
     if server is not None and exact is None:
-        folded = go_fold(tool)
-        twin = next((k for k in server.tools if k != "*" and go_fold(k) == folded), None)
+        folded = go_fold(tool.strip())
+        twin = next((k for k in server.tools if k != "*" and go_fold(k.strip()) == folded), None)
     return Effective(
         entry=entry,
         registered=user is not None,
