@@ -569,16 +569,39 @@ class SessionState:
         source tool's read of the same file or URL would (docs/policy.md, "taints")."""
         if not self.policy.taints:
             return []
-        return self._raise_taints(chains.taints_read_by_resource(self.policy.taints, self.server, uri), None)
+        hits = chains.taints_read_by_resource(self.policy.taints, self.server, uri)
+        return self._raise_taints(hits, None, {"method": "resources/read"})
 
-    def _raise_taints(self, hits: list[tuple[Taint, str]], tool: str | None) -> list[SessionEvent]:
+    def record_output_resources(self, payload: dict[str, Any], tool: str | None) -> list[SessionEvent]:
+        """Resource contents in something the server sends toward the model (an embedded
+        resource in a tool result or a prompt, the contents of a ``resources/read``): each
+        ``uri`` that carries ``text`` or a ``blob`` taints as a read of that resource would,
+        whichever tool or request brought it. The data is in the model's context either way."""
+        if not any(t.source_patterns for t in self.policy.taints):
+            return []
+        hits: list[tuple[Taint, str]] = []
+        stack: list[Any] = [payload]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, dict):
+                uri = v.get("uri")
+                if isinstance(uri, str) and ("text" in v or "blob" in v):
+                    hits.extend(chains.taints_read_by_resource(self.policy.taints, self.server, uri))
+                stack.extend(x for x in v.values() if isinstance(x, dict | list))
+            elif isinstance(v, list):
+                stack.extend(x for x in v if isinstance(x, dict | list))
+        return self._raise_taints(hits, tool, {"in_output": True}) if hits else []
+
+    def _raise_taints(
+        self, hits: list[tuple[Taint, str]], tool: str | None, how: dict[str, Any] | None = None
+    ) -> list[SessionEvent]:
         events: list[SessionEvent] = []
         for taint, value in hits:
             if taint.name not in self.taints:
                 self.taints.add(taint.name)
                 detail = {"taint": taint.name, "matched": value}
-                if tool is None:
-                    detail["method"] = "resources/read"
+                if how:
+                    detail.update(how)
                 events.append(SessionEvent("taint", tool, detail))
                 if self.group is not None:
                     # a failure marks the group lost: every member then assumes every taint

@@ -49,6 +49,7 @@ servers:
       - {{name: read_file, allowed: true}}
       - {{name: read_doc, allowed: true}}
       - {{name: read_in, allowed: true}}
+      - {{name: find, allowed: true}}
       - {{name: send, allowed: true}}
 taints:
   - name: payroll_read
@@ -107,7 +108,7 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     try:
         init, listed = vp.open_session()
         assert "serverInfo" in init["result"]
-        assert len(listed["result"]["tools"]) == 4
+        assert len(listed["result"]["tools"]) == 5
         # the model parameter as a JSON string: the SDK decodes it and reads the file
         vp.request(_call(1, "read_file", {"req": json.dumps({"path": str(secret)})}))
         read = vp.recv()
@@ -413,3 +414,40 @@ def test_decoy_folders_cannot_hide_the_one_a_name_is_joined_to() -> None:
     s = session_for(p, "files")
     s.record_allowed(ToolCall("files", "read_in", {"folder": "/srv/data", "name": "public/2026.csv"}))
     assert not s.taints
+
+
+def test_a_source_file_embedded_in_another_tools_result_taints_the_session(tmp_path: Path) -> None:
+    # find(term) is no source tool, and "2026" names no file; the result embeds the payroll file
+    root = tmp_path / "data"
+    (root / "payroll").mkdir(parents=True)
+    (root / "payroll" / "2026.csv").write_text("alice,100000\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(_policy(root))
+    log = tmp_path / "server.jsonl"
+    audit = tmp_path / "audit.jsonl"
+    vp = VisorProcess(
+        SERVER,
+        env={"TAINT_LOG": str(log), "TAINT_ROOT": str(root)},
+        visor_args=[
+            "--server-name",
+            "files",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(audit),
+            "--no-group",
+        ],
+    )
+    try:
+        vp.open_session()
+        vp.request(_call(1, "find", {"term": "2026"}))
+        found = vp.recv()
+        assert found["id"] == 1 and "alice,100000" in json.dumps(found), found
+        vp.request(_call(2, "send", {"to": "eve", "body": "alice,100000"}))
+        sent = vp.recv()
+    finally:
+        vp.kill()
+    assert _denied(sent), sent
+    assert [r["tool"] for r in _records(log)] == ["find"]
+    (taint,) = [r for r in _records(audit) if r["event"] == "taint"]
+    assert taint["tool"] == "find" and taint["in_output"] is True

@@ -1,7 +1,8 @@
 """An SDK server for tests/security/test_redteam_session_rules.py: a reader whose
 parameter is a pydantic model (the SDK also accepts it as a JSON string,
 ``pre_parse_json``), a reader that names its file by a parameter called ``name``
-(relative to the working directory), one that joins a name to a folder, and a sender. Each tool appends what it did to the file named
+(relative to the working directory), one that joins a name to a folder, a search that
+returns the files it finds under ``TAINT_ROOT`` as embedded resources, and a sender. Each tool appends what it did to the file named
 by ``TAINT_LOG`` (one JSON object a line)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 
 from mcp.server.mcpserver import MCPServer
+from mcp.types import EmbeddedResource, TextResourceContents
 from pydantic import BaseModel
 
 app = MCPServer("visor-taint-reader")
@@ -49,6 +51,25 @@ def read_in(folder: str, name: str) -> str:
         text = f.read()
     _record("read_in", folder=folder, name=name)
     return text
+
+
+@app.tool()
+def find(term: str) -> list[EmbeddedResource]:
+    """Find documents whose name holds a term."""
+    found = []
+    for folder, _dirs, files in os.walk(os.environ["TAINT_ROOT"]):
+        for name in sorted(files):
+            if term in name:
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                found.append(
+                    EmbeddedResource(
+                        type="resource", resource=TextResourceContents(uri=f"file://{path}", text=text)
+                    )
+                )
+    _record("find", term=term)
+    return found
 
 
 @app.tool()

@@ -557,6 +557,7 @@ class PolicyChecks(Checks):
             outcome = "tool_error"
         if type(payload) is dict:
             self.session.observe_output(tool, payload, error=outcome != "ok")
+            self._taint_by_contents(payload, tool)
         allow_seq: int | None = None
         duration_ms: float | None = None
         if call is not None and call.allow_seq is not None and call.started is not None:
@@ -582,6 +583,11 @@ class PolicyChecks(Checks):
         if embedded is not None:
             return self.guard.tool_result(tool, embedded) or embedded.raw
         return self.guard.tool_result(tool, response)
+
+    def _taint_by_contents(self, payload: dict[str, Any], tool: str | None) -> None:
+        # Before the answer is relayed: the client's next call is judged with the taint.
+        for ev in self.session.record_output_resources(payload, tool):
+            self._append(self._session_record(ev))
 
     def on_tools_list(self, response: Message, request: Message | None = None) -> bytes | None:
         result = response.obj.get("result")
@@ -657,6 +663,7 @@ class PolicyChecks(Checks):
         payload = obj.get("result", obj.get("error"))
         if type(payload) is dict:
             self.session.observe_output(None, payload)
+            self._taint_by_contents(payload, None)
         embedded = self.guard.input_requests(method, response)
         if isinstance(embedded, bytes):
             return embedded
