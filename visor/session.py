@@ -561,7 +561,9 @@ class SessionState:
             del self.history[: -self._history_cap]
         self.calls_total += 1
         self.tool_calls[call.tool] = self.tool_calls.get(call.tool, 0) + 1
-        hits = chains.taints_set_by(self.policy.taints, call.server, call.tool, call.arguments)
+        hits = chains.taints_set_by(
+            self.policy.taints, call.server, call.tool, call.arguments, self.path_bases
+        )
         return self._raise_taints(hits, call.tool)
 
     def record_resource_read(self, uri: str) -> list[SessionEvent]:

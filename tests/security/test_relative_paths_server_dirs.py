@@ -98,3 +98,24 @@ def test_a_relative_name_is_judged_where_the_server_reads_it(tmp_path: Path, rul
         assert ok["content"][0]["text"] == "hello", ok
     finally:
         vp.kill()
+
+
+def test_a_relative_source_read_taints_from_the_servers_directories(tmp_path: Path) -> None:
+    from tests.policy.helpers import policy_from
+    from visor.policy import chains
+
+    policy = policy_from(
+        f"""
+version: "1.0"
+default_action: allow
+servers: [{{name: files, allowed: true}}]
+taints:
+  - name: "secret_read"
+    source_tools: ["read_text_file"]
+    source_patterns: ["{tmp_path}/home/secret/**"]
+"""
+    )
+    args = {"path": "secret/plan.txt"}
+    assert chains.taints_set_by(policy.taints, "files", "read_text_file", args) == []
+    hits = chains.taints_set_by(policy.taints, "files", "read_text_file", args, (str(tmp_path / "home"),))
+    assert [t.name for t, _ in hits] == ["secret_read"]

@@ -39,14 +39,15 @@ def name_matches_any_case(patterns: Sequence[str], name: str) -> bool:
 
 
 def taints_set_by(
-    taints: Sequence[Taint], server: str, tool: str, arguments: dict[str, Any]
+    taints: Sequence[Taint], server: str, tool: str, arguments: dict[str, Any], bases: tuple[str, ...] = ()
 ) -> list[tuple[Taint, str]]:
     """Taints that an allowed call sets, with the argument value that matched.
 
     As in mcp-visor, a taint fires when the tool is a source tool (in any case) and one
     of its arguments, read as a path or a URL, matches a source pattern (no patterns:
     any call of the tool). URLs are matched on their path too, so ``**/secrets/**``
-    taints a fetch of ``https://host/secrets/x``.
+    taints a fetch of ``https://host/secrets/x``. ``bases``: the directories besides the
+    working directory the server reads relative names from.
     """
     hits: list[tuple[Taint, str]] = []
     candidates: list[str] | None = None
@@ -59,7 +60,7 @@ def taints_set_by(
             hits.append((taint, ""))
             continue
         if candidates is None:
-            candidates = _taint_candidates(arguments)
+            candidates = _taint_candidates(arguments, bases)
         if candidates and candidates[0] is UNREAD:
             hits.append((taint, UNREAD))  # more values than Visor reads: assume the source
             continue
@@ -110,7 +111,7 @@ def _argument_readings(arguments: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
+def _taint_candidates(arguments: dict[str, Any], bases: tuple[str, ...] = ()) -> list[str]:
     """Every reading of each argument that may name what the source read; a taint is set
     when any reading matches (strictest wins). A URL's path counts as the raw text after
     the host, the canonical path the fetching client sends (``/ok/../secrets/x`` is
@@ -127,7 +128,7 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
 
     out: list[str] = []
     seen: set[str] = set()
-    bases: list[str] = []
+    folders: list[str] = []
     relatives: list[str] = []
     for reading in _argument_readings(arguments):
         named = {raw for _name, raw in paths.iter_path_values(reading, ("url", "uri"))}
@@ -151,22 +152,22 @@ def _taint_candidates(arguments: dict[str, Any]) -> list[str]:
             if raw not in named and (not raw.strip() or "\n" in raw or len(raw) > 4096):
                 continue  # free text, not a name any server opens
             try:
-                out.extend(paths.forms(raw))
+                out.extend(paths.forms(raw, bases=bases))
             except paths.PathError:
                 continue
             if raw[:1] in ("/", "~") or raw[:5].lower() == "file:":
-                bases.append(raw)
+                folders.append(raw)
             else:
                 relatives.append(raw)
     # A server may join a relative name to a folder given in another argument
     # (``read(folder="/srv", name="payroll/2026.csv")``): each relative value is read under
     # each absolute one too. Bounded; a call with more values is not read but taints, or
     # decoys placed first would hide the folder the server uses.
-    bases = list(dict.fromkeys(bases))
+    folders = list(dict.fromkeys(folders))
     relatives = list(dict.fromkeys(relatives))
-    if bases and relatives and (len(bases) > _MAX_BASES or len(relatives) > _MAX_RELATIVES):
+    if folders and relatives and (len(folders) > _MAX_BASES or len(relatives) > _MAX_RELATIVES):
         return [UNREAD]
-    for base in bases:
+    for base in folders:
         try:
             folder = paths.normalise(base)
         except paths.PathError:
