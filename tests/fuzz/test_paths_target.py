@@ -31,7 +31,7 @@ def test_generated_inputs_hold_the_invariants(data: bytes) -> None:
     assert fuzz_paths.check(data) == set()
 
 
-def _lexical_only(raw: str, cwd: str | None = None) -> tuple[str, ...]:
+def _lexical_only(raw: str, cwd: str | None = None, bases: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The pre-fix reading: Windows separators, lexical, then resolved; no kernel walk, no POSIX names."""
     lexical = paths.normalise(raw, cwd)
     real = os.path.realpath(lexical)
