@@ -896,6 +896,12 @@ class Gateway:
 
     def _record_reject(self, session: McpSession, body: bytes, msg: Rejected) -> None:
         """A refused body is one audit record with its size and digest, as on stdio."""
+        from visor.core.checks import PolicyChecks
+
+        # The name the agent chose is redacted as stdio's reject records redact it (a secret
+        # spelled as a tool name); without the policy's patterns to do it, it is left out.
+        checks = session.relay.checks
+        tool = checks.guard.evidence(msg.tool) if msg.tool and isinstance(checks, PolicyChecks) else None
         event = audit_events.reject(
             server=self.config.server_name,
             direction="client",
@@ -904,7 +910,7 @@ class Gateway:
             digest=hashlib.sha256(body).hexdigest(),
             code=msg.code,
             method=msg.method,
-            tool=msg.tool,
+            tool=tool,
         )
         audit = session.relay.audit
         if audit is not None:
