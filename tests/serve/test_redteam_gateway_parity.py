@@ -40,3 +40,29 @@ def test_a_refused_bodys_record_names_its_tool_redacted(tmp_path: Path) -> None:
     assert len(rejects) == 2, rejects
     assert all(r.get("tool") for r in rejects), rejects
     assert AWS_ID not in text
+
+
+def test_a_secret_spelled_as_a_method_name_never_reaches_the_log(tmp_path: Path) -> None:
+    """A method is a name the model chooses as freely as a tool's: a secret spelled as one was
+    recorded as sent by the gateway's door (a message naming its own revision), by the relay's
+    reject (a case-folded duplicate member) and by the deny of a request naming Visor's own
+    files, and from those records it went to telemetry's span names."""
+    with serve(
+        tmp_path, [sys.executable, str(MAILBOX)], "--server-name", "mail", policy=MAIL_POLICY,
+        env={"MAILBOX_LOG": str(tmp_path / "mailbox.jsonl")},
+    ) as gw:  # fmt: skip
+        sid = initialize(gw.url)
+        bodies = [
+            {"jsonrpc": "2.0", "id": 1, "method": AWS_ID, "params": {"_meta": {VERSION_KEY: "2025-11-25"}}},
+            {"jsonrpc": "2.0", "id": 2, "method": AWS_ID, "params": {"x": 1, "X": 2}},
+            {"jsonrpc": "2.0", "id": 3, "method": AWS_ID, "params": {"path": str(gw.audit)}},
+        ]
+        for body in bodies:
+            assert "error" in post(gw.url, body, sid).json()
+        records = [
+            r for r in gw.records() if r.get("mcp_session") == sid and r["event"] in ("reject", "deny")
+        ]
+        text = gw.audit.read_text()
+    assert [r["event"] for r in records] == ["reject", "reject", "deny"], records
+    assert all(r.get("method") for r in records), records
+    assert AWS_ID not in text

@@ -631,7 +631,7 @@ class PolicyChecks(Checks):
                 events.request_verdict(
                     "deny",
                     server=self.server,
-                    method=msg.method,
+                    method=self._evidence(msg.method),
                     request_id=msg.id,
                     rule="visor.protected_path",
                     reason=reason,
@@ -736,8 +736,8 @@ class PolicyChecks(Checks):
                 size=size,
                 digest=digest,
                 code=rejected.code if rejected is not None else None,
-                method=rejected.method if rejected is not None else None,
-                tool=self.guard.evidence(rejected.tool) if rejected is not None and rejected.tool else None,
+                method=self._evidence(rejected.method) if rejected is not None else None,
+                tool=self._evidence(rejected.tool) if rejected is not None else None,
                 request_id=rejected.reply_ids[0] if rejected is not None and rejected.reply_ids else None,
                 has_id=rejected is not None and bool(rejected.reply_ids),
             )
@@ -745,6 +745,11 @@ class PolicyChecks(Checks):
 
     def on_close(self) -> None:
         self._append(events.session_end(self.server))
+
+    def _evidence(self, name: str | None) -> str | None:
+        """A method or tool name the client chose, as records keep it: the model spells a secret
+        as a method as freely as a tool (an unknown method is relayed under its own name)."""
+        return self.guard.evidence(name) if name else None
 
     # ------------------------------------------------------------- reloads
     def on_policy_reload(self, policy: Policy, path: str | None = None) -> None:

@@ -115,7 +115,7 @@ class DataGuard:
         event = events.request_verdict(
             "deny",
             server=self.server,
-            method=msg.method,
+            method=self.evidence(msg.method) if msg.method else None,
             request_id=msg.id,
             rule=decision.rule,
             reason=self.evidence(decision.reason),

@@ -898,10 +898,12 @@ class Gateway:
         """A refused body is one audit record with its size and digest, as on stdio."""
         from visor.core.checks import PolicyChecks
 
-        # The name the agent chose is redacted as stdio's reject records redact it (a secret
-        # spelled as a tool name); without the policy's patterns to do it, it is left out.
+        # The names the agent chose are redacted as stdio's reject records redact them (a secret
+        # spelled as a tool or method name); without the policy's patterns to do it, left out.
         checks = session.relay.checks
-        tool = checks.guard.evidence(msg.tool) if msg.tool and isinstance(checks, PolicyChecks) else None
+        guard = checks.guard if isinstance(checks, PolicyChecks) else None
+        tool = guard.evidence(msg.tool) if guard is not None and msg.tool else None
+        method = guard.evidence(msg.method) if guard is not None and msg.method else None
         event = audit_events.reject(
             server=self.config.server_name,
             direction="client",
@@ -909,7 +911,7 @@ class Gateway:
             size=len(body),
             digest=hashlib.sha256(body).hexdigest(),
             code=msg.code,
-            method=msg.method,
+            method=method,
             tool=tool,
         )
         audit = session.relay.audit
