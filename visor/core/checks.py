@@ -516,7 +516,7 @@ class PolicyChecks(Checks):
     def _out_of_band_only(self, call: ToolCall) -> bool:
         """The policy lets only the directory or the terminal answer this tool (`approval: out_of_band`)."""
         try:
-            entry = self.session.effective(call.tool).entry
+            entry = self.session.effective(call.tool, call.arguments).entry
         except Exception:  # an unreadable entry: the stricter reading
             log.exception("approval_mode_failed", tool=call.tool)
             return True
@@ -525,7 +525,7 @@ class PolicyChecks(Checks):
     def _approval_focus(self, call: ToolCall, decision: Decision) -> tuple[str, ...]:
         """The arguments a human sees first: the one the rule read, then every checked one."""
         try:
-            entry = self.session.effective(call.tool).entry
+            entry = self.session.effective(call.tool, call.arguments).entry
             extra = (*entry.write_params, *entry.sink_params) if entry is not None else ()
             return focus_arguments(call.arguments, decision.argument, extra)
         except Exception:

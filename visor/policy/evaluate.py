@@ -57,7 +57,8 @@ class _Ctx:
         self.call = call
         self._now = now
         self.memo = memo
-        self.eff: EffectiveTool = session.effective(call.tool)
+        # the call's own argument names too: one its schema leaves out still reaches the server
+        self.eff: EffectiveTool = session.effective(call.tool, call.arguments)
         srv = session.server_entry
         self.prefix = f"servers[{srv.name if srv else call.server}].tools[{call.tool}]"
         self._paths: list[rules.PathValue] | None = None
