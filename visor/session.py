@@ -386,7 +386,9 @@ class SessionState:
                     events.append(SessionEvent("pin_changed", n, {"case_variant": other}))
         return events
 
-    def observe_output(self, tool: str | None, result: dict[str, Any], *, error: bool = False) -> None:
+    def observe_output(
+        self, tool: str | None, result: dict[str, Any], *, error: bool = False, called: Collection[str] = ()
+    ) -> None:
         """Index every destination-like token in a server result or error.
 
         A tool whose entry names ``trusted_output_fields`` or ``sender_fields``
@@ -399,13 +401,22 @@ class SessionState:
         With a group, the keys this result added reach the group's store
         before this returns, so before the result is relayed: the client,
         and so the model, never reads output the other servers cannot see.
+
+        ``called``: the argument names of the call this answers. The fields a pack entry
+        vouches for are read as such only if the entry describes that call (``effective``).
         """
-        self._observe_output(None if error else tool, result, tool)
+        self._observe_output(None if error else tool, result, tool, called)
         if self.group is not None:
             self.group.flush()
 
-    def _observe_output(self, tool: str | None, result: dict[str, Any], shown_as: str | None = None) -> None:
-        entry = self.effective(tool).entry if tool is not None else None
+    def _observe_output(
+        self,
+        tool: str | None,
+        result: dict[str, Any],
+        shown_as: str | None = None,
+        called: Collection[str] = (),
+    ) -> None:
+        entry = self.effective(tool, called).entry if tool is not None else None
         if entry is not None and (entry.trusted_output_fields or entry.sender_fields):
             self._observe_fields(tool or "", result, entry.trusted_output_fields, entry.sender_fields, True)
             return

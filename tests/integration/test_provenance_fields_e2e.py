@@ -61,10 +61,17 @@ def _text(resp: dict) -> str:
 
 
 def _read_all(vp: VisorProcess) -> None:
-    for i, tool in enumerate(
-        ["search_calendar_events", "get_received_emails", "get_file_by_id", "search_contacts_by_name"]
+    # each with the arguments the workspace pack's tool takes: the pack vouches for the
+    # answer to a call it describes, and a call with another argument is another tool's
+    for i, (tool, arguments) in enumerate(
+        [
+            ("search_calendar_events", {"query": "x"}),
+            ("get_received_emails", {}),
+            ("get_file_by_id", {"file_id": "3"}),
+            ("search_contacts_by_name", {"query": "x"}),
+        ]
     ):
-        call(vp, f"r{i}", tool, {"query": "x"})
+        call(vp, f"r{i}", tool, arguments)
         assert recv_id(vp, f"r{i}")["result"]["isError"] is False
 
 

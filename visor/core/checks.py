@@ -556,7 +556,9 @@ class PolicyChecks(Checks):
         elif payload.get("isError") is True:
             outcome = "tool_error"
         if type(payload) is dict:
-            self.session.observe_output(tool, payload, error=outcome != "ok")
+            # the call's own arguments: a pack vouches for the answer only to the call it describes
+            called = call.msg.arguments if call is not None and call.msg.arguments is not None else ()
+            self.session.observe_output(tool, payload, error=outcome != "ok", called=called)
             self._taint_by_contents(payload, tool)
         allow_seq: int | None = None
         duration_ms: float | None = None
