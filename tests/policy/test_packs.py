@@ -156,3 +156,24 @@ def test_a_sending_entry_that_does_not_describe_the_tool_keeps_only_what_makes_i
         assert entry is not None and entry.exfiltrating is True and "user" in entry.sink_params
         kinds[label] = dict(entry.sink_kinds)
     assert kinds == {"agentdojo": {"user": "user", "channel": "none"}, "other": {"user": "user"}}
+
+
+def test_every_pack_entry_that_relaxes_a_check_lists_its_tools_arguments() -> None:
+    """A pack is chosen by tool names: an entry that switches provenance off, vouches for
+    output fields or exempts an argument must say which tool it was verified against."""
+    from visor.policy.loader import builtin_packs
+
+    loose = [
+        f"{pack.name}/{name}"
+        for pack in builtin_packs().values()
+        for name, entry in pack.tools.items()
+        if entry.arguments is None
+        and (
+            entry.exfiltrating is not True
+            or entry.trusted_output_fields
+            or entry.sender_fields
+            or entry.write_params
+            or any(kind == "none" for _arg, kind in entry.sink_kinds)
+        )
+    ]
+    assert loose == []
