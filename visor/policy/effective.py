@@ -95,7 +95,8 @@ def _sending_part(entry: ToolPolicy) -> ToolPolicy | None:
     )
 
 
-def _pack_entry(pack: Pack, tool: str, arguments: frozenset[str] | None) -> ToolPolicy | None:
+def pack_entry(pack: Pack, tool: str, arguments: frozenset[str] | None) -> ToolPolicy | None:
+    """What `pack` says of `tool` taking `arguments` (see `resolve_tool`); None: nothing."""
     entry = pack.tools.get(tool)
     if entry is None or _describes(entry, arguments):
         return entry
@@ -142,13 +143,11 @@ def resolve_tool(
     no listing to compare with, as in lint; the packs as written). Of a sending entry that
     does not describe the tool, what makes it stricter stays (`_sending_part`)."""
     pack_entries: list[tuple[Pack, ToolPolicy]] = [
-        (policy.packs[p], e)
-        for p in packs
-        if (e := _pack_entry(policy.packs[p], tool, arguments)) is not None
+        (policy.packs[p], e) for p in packs if (e := pack_entry(policy.packs[p], tool, arguments)) is not None
     ]
     base: ToolPolicy | None = None
-    for _pack, pack_entry in pack_entries:
-        base = merge_tool(base, pack_entry) if base is not None else pack_entry
+    for _pack, described in pack_entries:
+        base = merge_tool(base, described) if base is not None else described
     exact = server.tools.get(tool) if server is not None else None
     star = server.tools.get("*") if server is not None and exact is None else None
     user = exact or (replace(star, name=tool) if star is not None else None)
