@@ -340,6 +340,32 @@ def _unknown_command(parser: argparse.ArgumentParser, args_list: list[str]) -> s
     return f"visor: unknown command {first!r}{hint} (see `visor --help`)"
 
 
+def _command_parser(parser: argparse.ArgumentParser, args_list: list[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser the words of the command line lead to: `visor audit verify ...` -> verify."""
+    current = parser
+    for word in args_list:
+        if word == "--":
+            break
+        choices = next(
+            (a.choices for a in current._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
+        if isinstance(choices, dict) and word in choices:
+            current = choices[word]
+    return current
+
+
+def _unknown_arguments(command: argparse.ArgumentParser, extras: list[str]) -> str:
+    """Argparse blames the top-level parser for a subcommand's unknown option; name the subcommand."""
+    import difflib
+
+    first = extras[0]
+    options = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    close = difflib.get_close_matches(first.split("=", 1)[0], options, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    what = "unknown option" if first.startswith("-") else "unexpected argument"
+    return f"{command.prog}: {what} {first!r}{hint} (see `{command.prog} --help`)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     is_run = next((a for a in args_list if a not in ("-q", "--quiet", "-v", "--verbose")), None) == "run"
@@ -355,7 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown is not None:
             print(unknown, file=sys.stderr)
             return 2
-        args = parser.parse_args(args_list)
+        args, extras = parser.parse_known_args(args_list)
+        if extras:
+            print(_unknown_arguments(_command_parser(parser, args_list), extras), file=sys.stderr)
+            return 2
         if not getattr(args, "func", None):
             parser.print_help(sys.stderr)
             return 2

@@ -246,6 +246,20 @@ def test_conventions() -> None:
         assert "usage:" in help_text
 
 
+def test_a_typo_in_an_option_names_the_command_and_the_option_it_meant() -> None:
+    # argparse blamed the top level ("usage: visor [-h] ... COMMAND"), which has no such option.
+    for argv, command, typo, meant in (
+        (("run", "--polcy", "p.yaml", "--", "true"), "visor run", "--polcy", "--policy"),
+        (("init", "--confg", ".mcp.json"), "visor init", "--confg", "--config"),
+        (("audit", "verify", "--kye", "k.pub"), "visor audit verify", "--kye", "--key"),
+        (("-q", "doctor", "--jsn"), "visor doctor", "--jsn", "--json"),
+    ):
+        out = visor(*argv)
+        assert out.returncode == 2, argv
+        assert f"{command}: unknown option '{typo}'; did you mean '{meant}'" in out.stderr, out.stderr
+        assert f"`{command} --help`" in out.stderr and "usage: visor [-h]" not in out.stderr
+
+
 def test_run_help_goes_to_stderr_even_before_the_wire_is_protected(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
