@@ -93,6 +93,26 @@ def test_unwrapped_remote_and_approval_dir(tmp_path: Path) -> None:
     assert "starts through Visor" not in out  # --no-start
 
 
+def test_a_remote_entry_init_leaves_alone_is_not_offered_init_as_the_fix(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "mcp.json",
+        {
+            "legacy": {"url": "https://example.com/sse"},
+            "typed": {"type": "sse", "url": "https://example.com/x"},
+        },
+    )
+    before = config.read_bytes()
+    result = visor("doctor", "--config", str(config), "--no-start")
+    for name in ("legacy", "typed"):
+        line = next(ln for ln in result.stdout.splitlines() if ln.startswith(f"WARN mcp.json:{name}:"))
+        assert "not covered by Visor" in line and "legacy HTTP+SSE" in line, line
+        assert f"--server {name}" not in line.split(" -- fix: ")[1], line
+        # the command the fix would have named changes nothing
+        wrapped = visor("init", "--config", str(config), "--server", name, "--yes")
+        assert wrapped.returncode == 0 and "nothing to change" in wrapped.stdout, wrapped.stdout
+    assert config.read_bytes() == before
+
+
 def test_broken_setup(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')

@@ -140,6 +140,15 @@ class Doctor:
 
     def entry(self, config: Config, path: Path, e: Entry) -> None:
         subject = f"{path.name}:{e.label}"
+        if e.kind == "remote" and e.note:
+            # init leaves this entry alone: offering its command as the fix would do nothing.
+            self.add(
+                "WARN",
+                subject,
+                f"remote server ({e.summary()}), not covered by Visor: its tool calls bypass Visor ({e.note})",
+                "see docs/remote.md for the remote entries `visor init` can wrap",
+            )
+            return
         if e.kind == "remote":
             self.add(
                 "WARN",
