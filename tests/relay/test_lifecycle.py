@@ -122,3 +122,23 @@ def test_two_sessions_of_one_server_get_a_log_each(tmp_path: Path) -> None:
         second.kill()
     logs = sorted(p.name for p in (home / "audit").glob("*.jsonl"))
     assert logs == ["rec-2.jsonl", "rec.jsonl"]
+
+
+def test_what_a_server_writes_and_its_exit_before_the_client_side_is_connected_are_not_lost(
+    tmp_path: Path,
+) -> None:
+    # A server that fails at once (a wrong argument) writes and exits while Visor is still
+    # connecting the client's pipes: its output and its end reached a relay with no pipes yet,
+    # and the user saw "AssertionError: the relay is not connected yet" instead of the server.
+    import subprocess
+
+    note = '{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"error","data":"bad arg"}}'
+    for attempt in range(6):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "visor", "run", "--audit-log", str(tmp_path / f"a{attempt}.jsonl"),
+             "--", "sh", "-c", f"printf '%s\\n' '{note}'"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = proc.communicate(timeout=30)
+        assert b"action_failed" not in err and b"Traceback" not in err, err.decode(errors="replace")
+        assert out == note.encode() + b"\n", (attempt, out)

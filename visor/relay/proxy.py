@@ -479,6 +479,9 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server_eof: asyncio.Future[None] | None = None
         self._pipes: _Pipes | None = None
+        # The server's side is read before the client's is connected (that connect yields to the
+        # loop): what a server that writes and exits at once sends meanwhile waits here.
+        self._before_connected: list[Callable[[], None]] = []
         self._client_in: asyncio.ReadTransport | None = None
         # The session's first records are written before anything can fail.
         self._perform(self.core.start())
@@ -797,6 +800,9 @@ class Relay:
             _Writer(loop, server_in),
             _Writer(loop, client_out),
         )
+        early, self._before_connected = self._before_connected, []
+        for handle in early:
+            handle()
 
         if isinstance(client, ClientPort):
             self._client_in = client.input
@@ -965,15 +971,24 @@ class Relay:
             server_eof.set_result(None)
 
     def _on_server_stdin_lost(self) -> None:
+        if self._pipes is None:
+            self._before_connected.append(self._on_server_stdin_lost)
+            return
         if not self.core.stopping:
             log.info("server_stdin_closed")
         self.feed(ServerInputLost())
 
     def _on_server_data(self, data: bytes) -> None:
+        if self._pipes is None:
+            self._before_connected.append(lambda: self._on_server_data(data))
+            return
         self.feed(ServerData(data))
         self._wire.to_client.flush()
 
     def _on_server_eof(self) -> None:
+        if self._pipes is None:
+            self._before_connected.append(self._on_server_eof)
+            return
         self.feed(ServerEof())
         if self._server_eof is not None and not self._server_eof.done():
             self._server_eof.set_result(None)
