@@ -189,6 +189,8 @@ def test_no_logs_yet_is_explained_not_an_error() -> None:
         out = visor(*cmd)
         assert out.returncode == 0, out.stderr
         assert "no audit logs in" in out.stderr
+        # the command to name files with, as the user types it
+        assert f"or name files: visor {' '.join(cmd)} FILE..." in out.stderr, out.stderr
 
 
 def test_report_describes_the_embedded_default_policy(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def _targets(args: argparse.Namespace, legacy: str) -> list[Path]:
 def _no_logs(command: str) -> None:
     print(
         f"{command}: no audit logs in {audit_dir()} yet: `visor run` writes one per server "
-        "(<server-name>.jsonl) when a client starts it; or name files: {command} FILE...",
+        f"(<server-name>.jsonl) when a client starts it; or name files: {command} FILE...",
         file=sys.stderr,
     )
 
