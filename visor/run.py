@@ -256,6 +256,17 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
                 session.import_pins(read_pins(pin_path))
             except (OSError, ValueError) as exc:
                 raise StartupError(f"pin file {pin_path} refused: {exc}") from exc
+        # Pins that cannot be saved are lost at exit, and the next start trusts whatever the
+        # server lists then: a --pin-file whose folder cannot be written is refused now.
+        folder = pin_path.resolve().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise StartupError(
+                f"pin file {pin_path} refused: cannot create the directory {folder}: {exc.strerror or exc}"
+            ) from exc
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StartupError(f"pin file {pin_path} refused: the directory {folder} is not writable")
 
         def save_pins(data: dict[str, Any]) -> None:
             write_pins(pin_path, data)

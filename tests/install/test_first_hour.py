@@ -184,6 +184,25 @@ def test_audit_commands_default_to_every_log_and_take_files() -> None:
         assert "$VISOR_HOME/audit/" in text and "audit.jsonl" not in text and "--file" not in text
 
 
+def test_a_pin_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    # A typo'd --pin-file (a folder that is a file) ran, saved nothing (a traceback on stderr),
+    # and the next start trusted on first use again whatever the server listed then.
+    (tmp_path / "pins").write_text("not a folder\n")
+    pin = tmp_path / "pins" / "sdk.json"
+    from tests.install.helpers import SDK_SERVER
+
+    started = tmp_path / "started"
+    out = subprocess.run(
+        [str(VISOR_EXE), "run", "--pin-file", str(pin), "--", "sh", "-c",
+         f'touch {shlex.quote(str(started))}; exec "$0" "$1"', sys.executable, str(SDK_SERVER)],
+        input=b"", capture_output=True, timeout=60,
+    )  # fmt: skip
+    err = out.stderr.decode(errors="replace")
+    assert out.returncode != 0, err
+    assert f"pin file {pin} refused: cannot create the directory" in err, err
+    assert not started.exists()
+
+
 def test_no_logs_yet_is_explained_not_an_error() -> None:
     for cmd in (["audit", "verify"], ["audit", "show"]):
         out = visor(*cmd)
