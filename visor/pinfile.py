@@ -17,6 +17,20 @@ def read_pins(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def unwritable(path: str | os.PathLike[str]) -> str | None:
+    """Why pins could not be saved at `path` (its folder created if need be), or None."""
+    folder = Path(path).resolve().parent
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        return f"cannot create the directory {folder}: {exc.strerror or exc}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the directory {folder} is not writable"
+    return None
+
+
 def write_pins(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Replace the file atomically: a crash leaves the old pins or the new, never half."""
     folder = Path(path).resolve().parent

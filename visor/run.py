@@ -226,7 +226,7 @@ class _Checked:
 def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
     from visor.audit.writer import AuditError, AuditLogBusy, AuditWriter, new_session_id
     from visor.core.checks import PolicyChecks
-    from visor.pinfile import read_pins, write_pins
+    from visor.pinfile import read_pins, unwritable, write_pins
     from visor.policy.loader import PolicyError, load_default_policy, load_policy
     from visor.session import SessionState
 
@@ -258,15 +258,9 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
                 raise StartupError(f"pin file {pin_path} refused: {exc}") from exc
         # Pins that cannot be saved are lost at exit, and the next start trusts whatever the
         # server lists then: a --pin-file whose folder cannot be written is refused now.
-        folder = pin_path.resolve().parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise StartupError(
-                f"pin file {pin_path} refused: cannot create the directory {folder}: {exc.strerror or exc}"
-            ) from exc
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise StartupError(f"pin file {pin_path} refused: the directory {folder} is not writable")
+        problem = unwritable(pin_path)
+        if problem is not None:
+            raise StartupError(f"pin file {pin_path} refused: {problem}")
 
         def save_pins(data: dict[str, Any]) -> None:
             write_pins(pin_path, data)

@@ -184,7 +184,8 @@ def test_audit_commands_default_to_every_log_and_take_files() -> None:
         assert "$VISOR_HOME/audit/" in text and "audit.jsonl" not in text and "--file" not in text
 
 
-def test_a_pin_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_pin_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path, command: str) -> None:
     # A typo'd --pin-file (a folder that is a file) ran, saved nothing (a traceback on stderr),
     # and the next start trusted on first use again whatever the server listed then.
     (tmp_path / "pins").write_text("not a folder\n")
@@ -192,14 +193,15 @@ def test_a_pin_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -
     from tests.install.helpers import SDK_SERVER
 
     started = tmp_path / "started"
+    listen = ["--listen", "127.0.0.1:0"] if command == "serve" else []
     out = subprocess.run(
-        [str(VISOR_EXE), "run", "--pin-file", str(pin), "--", "sh", "-c",
+        [str(VISOR_EXE), command, *listen, "--pin-file", str(pin), "--", "sh", "-c",
          f'touch {shlex.quote(str(started))}; exec "$0" "$1"', sys.executable, str(SDK_SERVER)],
         input=b"", capture_output=True, timeout=60,
     )  # fmt: skip
     err = out.stderr.decode(errors="replace")
     assert out.returncode != 0, err
-    assert f"pin file {pin} refused: cannot create the directory" in err, err
+    assert f"visor {command}: pin file {pin} refused: {tmp_path / 'pins'} is not a directory" in err, err
     assert not started.exists()
 
 

@@ -331,6 +331,13 @@ def _session_factory(
             raise ServeError(f"approval directory refused: {exc}") from exc
         register_approval_dir(Path(args.approval_dir), args.server_name)
     elicitation = True if args.approval_elicitation else None
+    if args.pin_file:
+        from visor.pinfile import unwritable
+
+        # As visor run: pins that cannot be saved would be trusted afresh at the next start.
+        problem = unwritable(Path(args.pin_file))
+        if problem is not None:
+            raise ServeError(f"pin file {args.pin_file} refused: {problem}")
 
     async def new_session(sid: str, adoption: Adoption | None = None) -> McpSession:
         from visor.serve.state import CONVERSATION_MARK, counts_of
