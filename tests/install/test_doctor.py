@@ -113,6 +113,13 @@ def test_a_remote_entry_init_leaves_alone_is_not_offered_init_as_the_fix(tmp_pat
     assert config.read_bytes() == before
 
 
+def test_a_mistyped_config_path_is_not_told_to_fix_the_file(tmp_path: Path) -> None:
+    result = visor("doctor", "--config", str(tmp_path / "mpc.json"), "--no-start")
+    assert result.returncode == 1
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("FAIL"))
+    assert "no such file" in line and "visor init --list" in line and "fix the file" not in line, line
+
+
 def test_broken_setup(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')

@@ -128,9 +128,13 @@ class Doctor:
         try:
             config, _ = read_config(path)
         except ConfigError as e:
-            self.add(
-                "FAIL", str(path), str(e).removeprefix(f"{path}:").strip(), "fix the file, then run again"
+            # A mistyped --config is not a file to fix: point at the configs that do exist.
+            fix = (
+                "check the path; `visor init --list` shows the configs it finds"
+                if not path.exists()
+                else ("fix the file, then run again")
             )
+            self.add("FAIL", str(path), str(e).removeprefix(f"{path}:").strip(), fix)
             return
         if not config.entries:
             self.add("WARN", str(path), "no MCP servers in this file")
