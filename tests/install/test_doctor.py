@@ -120,6 +120,29 @@ def test_a_mistyped_config_path_is_not_told_to_fix_the_file(tmp_path: Path) -> N
     assert "no such file" in line and "visor init --list" in line and "fix the file" not in line, line
 
 
+def test_the_fix_for_a_bare_visor_keeps_the_policy_the_entry_was_wrapped_with(tmp_path: Path) -> None:
+    # The fix was "visor init --undo ...; visor init --absolute ...": the undo drops --policy,
+    # and the rewrap as typed ran the server under the embedded default (every listed tool).
+    import shlex
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')
+    config = write_config(tmp_path / "mcp.json", {"time": {"command": venv_tool("mcp-server-time")}})
+    wrapped = visor("init", "--config", str(config), "--policy", str(policy), "--yes")
+    assert wrapped.returncode == 0, wrapped.stderr
+    result = visor("doctor", "--config", str(config), "--no-start")
+    line = next(ln for ln in result.stdout.splitlines() if "a desktop app" in ln)
+    fix = line.split(" -- fix: ", 1)[1]
+    assert ";" not in fix and "--undo" not in fix, fix
+    argv = shlex.split(fix)
+    assert argv[:2] == ["visor", "init"], fix
+    done = visor(*argv[1:], "--yes")
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(config.read_text())["mcpServers"]["time"]
+    assert os.path.isabs(entry["command"])
+    assert entry["args"][entry["args"].index("--policy") + 1] == str(policy)
+
+
 def test_broken_setup(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text('version: "1.0"\ndefault_action: deny\nservers:\n  - name: "time"\n    allowed: true\n')

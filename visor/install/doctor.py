@@ -265,7 +265,7 @@ class Doctor:
                 "FAIL",
                 subject,
                 f"the client cannot start {visor_cmd!r}: not found on PATH",
-                f"visor init --undo --config {path} --server {e.name}, then wrap again with --absolute",
+                f"visor init --config {path} --server {e.name} --absolute",
             )
         elif not os.path.isabs(visor_cmd) and os.path.dirname(visor_exe) not in DESKTOP_PATH_DIRS:
             self.add(
@@ -273,7 +273,8 @@ class Doctor:
                 subject,
                 f"runs {visor_cmd!r}, found at {visor_exe} on this shell's PATH; a desktop app started "
                 "from the Dock or a launcher may not see that folder",
-                f"rewrite with --absolute (visor init --undo --config {path}; visor init --absolute ...)",
+                # A rewrap keeps the entry's --policy and other options; undo and wrap again would not.
+                f"visor init --config {path} --server {e.name} --absolute",
             )
         else:
             self.add("OK", subject, f"wrapped; runs {visor_exe}")
