@@ -141,6 +141,15 @@ def test_the_fix_for_a_bare_visor_keeps_the_policy_the_entry_was_wrapped_with(tm
     entry = json.loads(config.read_text())["mcpServers"]["time"]
     assert os.path.isabs(entry["command"])
     assert entry["args"][entry["args"].index("--policy") + 1] == str(policy)
+    # the same for the approval channel: a runnable init line, the policy kept
+    again = visor("doctor", "--config", str(config), "--no-start")
+    line = next(ln for ln in again.stdout.splitlines() if "no approval channel" in ln)
+    fix = line.split(" -- fix: ", 1)[1].split(", then ", 1)[0].replace("DIR", str(tmp_path / "answers"))
+    done = visor(*shlex.split(fix)[1:], "--yes")
+    assert done.returncode == 0, done.stderr
+    args = json.loads(config.read_text())["mcpServers"]["time"]["args"]
+    assert args[args.index("--approval-dir") + 1] == str(tmp_path / "answers")
+    assert args[args.index("--policy") + 1] == str(policy)
 
 
 def test_broken_setup(tmp_path: Path) -> None:

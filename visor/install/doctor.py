@@ -299,7 +299,7 @@ class Doctor:
             self.add("FAIL", subject, f"cwd {cwd!r} does not exist", "create it or fix cwd in the entry")
 
         policy_ok = self.policy(subject, args)
-        self.approvals(subject, args)
+        self.approvals(subject, args, f"visor init --config {path} --server {e.name}")
         self.audit_log(subject, args, upstream)
         if not self.start:
             return
@@ -348,7 +348,7 @@ class Doctor:
                 "FAIL",
                 subject,
                 f"the client cannot start {visor_cmd!r}: not found on PATH",
-                f"visor init --undo --config {path} --server {e.name}, then wrap again with --absolute",
+                f"visor init --config {path} --server {e.name} --absolute",
             )
         else:
             self.add(
@@ -357,7 +357,7 @@ class Doctor:
                 f"wrapped remote server ({args.url}); runs {visor_exe}; not connected by doctor",
             )
         self.policy(subject, args)
-        self.approvals(subject, args)
+        self.approvals(subject, args, f"visor init --config {path} --server {e.name}")
 
     # ----------------------------------------------------------- parts
 
@@ -394,7 +394,7 @@ class Doctor:
         self.add("OK", subject, f"policy {args.policy} loads{more}")
         return True
 
-    def approvals(self, subject: str, args: argparse.Namespace) -> None:
+    def approvals(self, subject: str, args: argparse.Namespace, rewrap: str) -> None:
         if args.approval_dir:
             d = Path(args.approval_dir)
             probe = d if d.exists() else next((p for p in d.parents if p.exists()), Path("/"))
@@ -415,7 +415,8 @@ class Doctor:
                 subject,
                 "no approval channel: an `ask` reaches you only if the client supports MCP elicitation, "
                 "otherwise it is denied",
-                "add --approval-dir DIR to the wrapped args to approve with `visor approve`",
+                # init rewraps with the entry's other options kept; a hand edit is easy to get wrong.
+                f"{rewrap} --approval-dir DIR, then answer with `visor approve`",
             )
 
     def audit_log(self, subject: str, args: argparse.Namespace, upstream: list[str]) -> None:
