@@ -123,3 +123,28 @@ def test_json_document_and_progress(tmp_path: Path) -> None:
     progress = visor("doctor", "--config", str(config), "--progress", "--no-start")
     assert f"visor doctor: checking {config}" in progress.stderr
     assert "visor doctor:" not in progress.stdout
+
+
+def test_a_vscode_remote_entry_init_wrapped_is_not_reported_as_using_a_vscode_variable(
+    tmp_path: Path,
+) -> None:
+    # init writes --header 'Authorization: ${VISOR_HEADER_AUTHORIZATION}'; VS Code leaves a name
+    # it does not know as written, and Visor reads it from env. Doctor warned on every such entry
+    # that VS Code fills it in and doctor cannot.
+    config = tmp_path / ".vscode" / "mcp.json"
+    config.parent.mkdir()
+    config.write_text(
+        '{"servers": {"gh": {"type": "http", "url": "https://api.example.test/mcp",'
+        ' "headers": {"Authorization": "Bearer abc"}}}}'
+    )
+    wrapped = visor("init", "--config", str(config), "--yes")
+    assert wrapped.returncode == 0, wrapped.stderr
+    result = visor("doctor", "--config", str(config), "--no-start")
+    assert "VISOR_HEADER_AUTHORIZATION" not in result.stdout, result.stdout
+    assert "OK   mcp.json:gh: wrapped remote server (https://api.example.test/mcp)" in result.stdout
+    # a variable VS Code does fill in is still reported
+    data = json.loads(config.read_text())
+    data["servers"]["gh"]["env"]["VISOR_HEADER_AUTHORIZATION"] = "Bearer ${input:tok}"
+    config.write_text(json.dumps(data))
+    again = visor("doctor", "--config", str(config), "--no-start")
+    assert "uses ${input:tok}, which VS Code fills in" in again.stdout, again.stdout

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from visor.install.configs import HEADER_ENV_PREFIX
+
 _VAR = re.compile(r"\$\{([^${}]+)\}")
 
 
@@ -74,6 +76,10 @@ def _expand(value: object, ctx: Context, missing: list[str]) -> object:
     if isinstance(value, str):
 
         def sub(m: re.Match[str]) -> str:
+            if m.group(1).startswith(HEADER_ENV_PREFIX):
+                # init's header reference for `visor run --header`: not a VS Code variable, so
+                # VS Code passes it on as written and Visor reads it from the entry's env.
+                return m.group(0)
             got = _one(m.group(1), ctx)
             if got is None:
                 if m.group(0) not in missing:
