@@ -238,6 +238,18 @@ def _build_checks(args: argparse.Namespace, command: list[str]) -> _Checked:
         raise StartupError(f"cannot read the policy {args.policy}: {exc.strerror or exc}") from exc
     from visor.policy import attestation
 
+    if args.policy and policy.server(args.server_name) is None:
+        # Not an error (a deny-all session is a choice), but the likeliest cause is a typo in
+        # --server-name or in the entry's name, and every call would then be refused.
+        from visor.logs import get_logger
+
+        get_logger("visor.run").warning(
+            "policy_has_no_entry_for_server",
+            server=args.server_name,
+            policy=str(args.policy),
+            every_call=policy.default_action,
+            servers=[s.name for s in policy.servers][:20],
+        )
     # An attested server entry: measure the invocation once, before it starts.
     policy = attestation.observe(policy, args.server_name, lambda pos: measure_invocation(command, pos))
 

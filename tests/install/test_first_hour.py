@@ -309,3 +309,17 @@ def test_ctrl_c_exits_130(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_policy_with_no_entry_for_the_server_name_is_named_at_start(tmp_path: Path) -> None:
+    # A typo in --server-name (or in the entry's name) refused every call with no word at start.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('version: "1.0"\ndefault_action: deny\nservers: [{name: filesystem, allowed: true}]\n')
+    out = subprocess.run(
+        [str(VISOR_EXE), "run", "--server-name", "filesytem", "--policy", str(policy),
+         "--audit-log", str(tmp_path / "a.jsonl"), "--", sys.executable, "-c", "pass"],
+        input=b"", capture_output=True, timeout=60,
+    )  # fmt: skip
+    err = out.stderr.decode(errors="replace")
+    assert "policy_has_no_entry_for_server" in err and "filesytem" in err and "filesystem" in err, err
+    assert out.stdout == b""
