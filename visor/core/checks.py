@@ -36,9 +36,9 @@ from visor.core.passthrough import Checks as Checks
 from visor.core.passthrough import Forward as Forward
 from visor.core.passthrough import Verdict as Verdict
 from visor.logs import get_logger
-from visor.policy import attestation, paths
+from visor.policy import attestation, chains, paths
 from visor.policy.evaluate import UNTRUSTED_OUTPUT_ASK, Decision, ToolCall, evaluate
-from visor.policy.requests import resource_uris
+from visor.policy.requests import network_uri, resource_uris, uri_readings
 from visor.session import SharedStateConflict, SharedStateError
 from visor.wire import errors
 
@@ -629,25 +629,11 @@ class PolicyChecks(Checks):
             # a request Visor knows nothing of reads what its server decides:
             # Visor's own files are nobody's resource, in any request.
             reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"
-            self._append(
-                events.request_verdict(
-                    "deny",
-                    server=self.server,
-                    method=self._evidence(msg.method),
-                    request_id=msg.id,
-                    rule="visor.protected_path",
-                    reason=reason,
-                    policy=self.policy.sha256,
-                )
-            )
-            return Refuse(
-                errors.error_response(
-                    msg.id,
-                    DENIED_REQUEST,
-                    f"Visor denied {msg.method}: {reason} (rule: visor.protected_path)",
-                    {"visor": {"rule": "visor.protected_path"}},
-                )
-            )
+            return self._refuse_request(msg, "visor.protected_path", reason)
+        if msg.method in ("resources/read", "resources/subscribe") and type(params) is dict:
+            uri = params.get("uri")
+            if type(uri) is str and (egress := self._resource_egress(uri)) is not None:
+                return self._refuse_request(msg, *egress)
         verdict = self.guard.client_request(msg)
         if msg.method == "resources/read" and type(verdict) is not Refuse and type(params) is dict:
             uri = params.get("uri")
@@ -656,6 +642,47 @@ class PolicyChecks(Checks):
                 for ev in self.session.record_resource_read(uri):
                     self._append(self._session_record(ev))
         return verdict
+
+    def _refuse_request(self, msg: Message, rule: str, reason: str) -> Refuse:
+        """A client request refused by Visor: its deny record, and the error the client gets."""
+        self._append(
+            events.request_verdict(
+                "deny",
+                server=self.server,
+                method=self._evidence(msg.method),
+                request_id=msg.id,
+                rule=rule,
+                reason=reason,
+                policy=self.policy.sha256,
+            )
+        )
+        return Refuse(
+            errors.error_response(
+                msg.id,
+                DENIED_REQUEST,
+                f"Visor denied {msg.method}: {reason} (rule: {rule})",
+                {"visor": {"rule": rule}},
+            )
+        )
+
+    def _resource_egress(self, uri: str) -> tuple[str, str] | None:
+        """(rule, reason) when reading ``uri`` is egress from a tainted session: a resource on
+        the network is fetched by its URI, which can carry what the session read out (a query
+        string, a path). No egress control names a resource read as a sink, so every control
+        whose taint is raised holds it (its sink_servers still apply)."""
+        taints = self.session.all_taints()
+        if not taints or not any(network_uri(reading) for reading in uri_readings(uri)):
+            return None
+        for control in self.policy.egress_controls:
+            if control.when_tainted not in taints:
+                continue
+            if control.sink_servers and not chains.name_matches(control.sink_servers, self.server):
+                continue
+            return (
+                f"egress_controls[{control.name}]",
+                f"the session is tainted ({control.when_tainted}) and a network resource is egress",
+            )
+        return None
 
     def on_response(self, method: str, response: Message) -> bytes | None:
         """Any answer but a tool call's or a tool listing's (resources, prompts, initialize's

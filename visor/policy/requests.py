@@ -99,6 +99,18 @@ def resource_uris(method: str, params: dict[str, Any]) -> tuple[str, ...]:
     return uri_readings(uri) if type(uri) is str else ()
 
 
+# Schemes whose resources are fetched over the network: reading one sends its URI out.
+_NETWORK_SCHEMES = frozenset(
+    {"http", "https", "ws", "wss", "ftp", "ftps", "sftp", "mailto", "smtp", "gopher"}
+)
+
+
+def network_uri(uri: str) -> bool:
+    """Whether ``uri`` names a resource fetched over the network (by its scheme)."""
+    scheme, colon, _ = uri.partition(":")
+    return bool(colon) and scheme.strip().lower() in _NETWORK_SCHEMES
+
+
 def resource_decision(policy: Policy, server: str, uri: str) -> Decision | None:
     """A deny, or None when the URI may be read.
 
