@@ -394,3 +394,37 @@ def test_a_pack_is_not_applied_to_a_tool_that_takes_other_arguments(tmp_path: Pa
     assert answers[1].get("isError") is True, answers[1]
     assert "provenance" in json.dumps(answers[1])
     assert not sent.exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None or not NODE_FS.exists(), reason="needs node and the npm filesystem server"
+)
+def test_a_failed_reload_of_visor_serve_protects_its_file_for_sessions_opened_later(tmp_path: Path) -> None:
+    """With no session open, a failed reload was recorded for the process only: a session opened
+    afterwards could write the v2 the operator is about to fix and reload."""
+    from tests.serve.serve_proc import initialize, post, serve
+
+    project = tmp_path / "proj"
+    (project / "policies").mkdir(parents=True)
+    v1, v2 = project / "policies" / "v1.yaml", project / "policies" / "v2.yaml"
+    v1.write_text(FS_POLICY)
+    v2.write_text("version: [not a policy\n")
+    link = project / "policy.yaml"
+    link.symlink_to(v1)
+    upstream = ["node", str(NODE_FS), str(project)]
+    with serve(tmp_path, upstream, "--server-name", "fs", "--policy", str(link)) as gw:
+        swap = project / "policy.yaml.new"
+        swap.symlink_to(v2)
+        swap.replace(link)
+        gw.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while "policy_reload_failed" not in gw.stderr():
+            assert time.monotonic() < deadline, gw.stderr()
+            time.sleep(0.02)
+        sid = initialize(gw.url)
+        assert post(gw.url, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, sid).status == 200
+        write = {"name": "write_file", "arguments": {"path": str(v2), "content": "default_action: allow\n"}}
+        reply = post(gw.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": write}, sid)
+    body = reply.body.decode()
+    assert reply.status == 200 and "visor.protected_path" in body, body
+    assert v2.read_text() == "version: [not a policy\n"

@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +178,9 @@ class _Shared:
     command: list[str]
     http: HttpUpstreamConfig | None
     listing_timeout: float
+    # Every file a reload read, loaded or not: a session opened after it protects them too (a
+    # failed v2 is the file the operator fixes and reloads next; no session may write it).
+    reload_paths: list[str] = field(default_factory=list)
 
 
 def _open_shared(
@@ -385,6 +388,9 @@ def _session_factory(
                 log.error("approvals_save_failed", path=str(approved_path), error=str(exc))
 
         audit = SessionAudit(shared.audit, sid)
+        guarded = protected
+        for read in shared.reload_paths:  # what reloads read before this session began
+            guarded = guarded.with_file(read)
         checks = PolicyChecks(
             policy=policy,
             session=state,
@@ -392,7 +398,7 @@ def _session_factory(
             server_name=args.server_name,
             argv=shared.command,
             approvals=approvals,
-            protected=protected,
+            protected=guarded,
             save_pins=pin_saver is not None,
         )
         kwargs: dict[str, Any] = {
@@ -465,6 +471,8 @@ class _Reloader:
             event = await asyncio.get_running_loop().run_in_executor(None, self._source.load)
             sessions = list(self._gateway.sessions.values())
             log.info("policy_reload", sessions=len(sessions), loaded=isinstance(event, PolicyReloaded))
+            if event.path is not None and event.path not in self._shared.reload_paths:
+                self._shared.reload_paths.append(event.path)
             if isinstance(event, PolicyReloaded):
                 self._reloads[:] = [event]
             elif not sessions:
