@@ -212,6 +212,7 @@ class SessionState:
         # resolution cache
         self.active_packs: tuple[str, ...] = ()
         self._effective: dict[str, Effective] = {}
+        self._listed_names: dict[str, frozenset[str]] = {}
         self._reselect_packs()
 
     def rebind(self, policy: Policy, identity: str | None = None) -> None:
@@ -262,10 +263,17 @@ class SessionState:
         return eff
 
     def _listed(self, tool: str) -> frozenset[str]:
-        """The top-level argument names of the tool's listed schema."""
-        schema = self.schemas.get(tool)
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        return frozenset(props) if isinstance(props, dict) else frozenset()
+        """The top-level argument names of the tool's listed schema (read once per schema:
+        every call of a tool a pack describes asks)."""
+        hit = self._listed_names.get(tool)
+        if hit is None:
+            schema = self.schemas.get(tool)
+            props = schema.get("properties") if isinstance(schema, dict) else None
+            hit = frozenset(props) if isinstance(props, dict) else frozenset()
+            if len(self._listed_names) >= 4096:
+                self._listed_names.clear()
+            self._listed_names[tool] = hit
+        return hit
 
     def argument_shape(self, tool: str) -> readings.ArgumentShape:
         """The member names the tool's arguments are read by (its schema's and
@@ -330,6 +338,7 @@ class SessionState:
                 self.schemas[name] = tool.get("inputSchema")
                 self._names.pop(name, None)
                 self._effective.pop(name, None)  # a pack entry applies by the schema's arguments
+                self._listed_names.pop(name, None)
             pinned = self.pins.get(name)
             legacy = self._legacy_pins.pop(name, None)
             if legacy is not None and pinned is None:

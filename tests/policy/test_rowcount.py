@@ -188,3 +188,10 @@ def test_every_spelling_of_a_bound_is_held_to_its_count(query: str, denied: bool
 )
 def test_a_search_query_of_words_is_not_read_as_sql(text: str) -> None:
     assert query_rows_problem(text, LIMIT) is None
+
+
+def test_a_long_query_is_read_as_a_short_one_is() -> None:
+    # past the cached length (a huge query is read afresh, never kept)
+    padding = " " * 5000
+    assert query_rows_problem("SELECT * FROM t" + padding, LIMIT) is not None
+    assert query_rows_problem("SELECT * FROM t LIMIT 5" + padding, LIMIT) is None

@@ -63,6 +63,22 @@ egress_controls:
 """
 
 
+def _files_visor(
+    tmp_path: Path, policy: Path, server: list[str] = SERVER, *, cwd: Path | None = None, **env: str
+) -> VisorProcess:
+    """`visor run` as server "files" with no group, the server's log at tmp_path/server.jsonl
+    (TAINT_LOG) and the audit log at tmp_path/audit.jsonl."""
+    return VisorProcess(
+        server,
+        env={"TAINT_LOG": str(tmp_path / "server.jsonl"), **env},
+        cwd=cwd,
+        visor_args=[
+            "--server-name", "files", "--policy", str(policy),
+            "--audit-log", str(tmp_path / "audit.jsonl"), "--no-group",
+        ],
+    )  # fmt: skip
+
+
 def _call(i: int, tool: str, arguments: dict) -> dict:
     return {
         "jsonrpc": "2.0",
@@ -92,19 +108,7 @@ def test_a_read_sent_as_a_json_string_taints_the_session(tmp_path: Path) -> None
     policy = tmp_path / "policy.yaml"
     policy.write_text(_policy(root))
     log = tmp_path / "server.jsonl"
-    vp = VisorProcess(
-        SERVER,
-        env={"TAINT_LOG": str(log)},
-        visor_args=[
-            "--server-name",
-            "files",
-            "--policy",
-            str(policy),
-            "--audit-log",
-            str(tmp_path / "audit.jsonl"),
-            "--no-group",
-        ],
-    )
+    vp = _files_visor(tmp_path, policy)
     try:
         init, listed = vp.open_session()
         assert "serverInfo" in init["result"]
@@ -143,20 +147,7 @@ def test_a_read_named_by_a_non_path_argument_taints_the_session(
     policy = tmp_path / "policy.yaml"
     policy.write_text(_policy(root))
     log = tmp_path / "server.jsonl"
-    vp = VisorProcess(
-        SERVER,
-        env={"TAINT_LOG": str(log)},
-        cwd=root if tool == "read_doc" else tmp_path,
-        visor_args=[
-            "--server-name",
-            "files",
-            "--policy",
-            str(policy),
-            "--audit-log",
-            str(tmp_path / "audit.jsonl"),
-            "--no-group",
-        ],
-    )
+    vp = _files_visor(tmp_path, policy, cwd=root if tool == "read_doc" else tmp_path)
     try:
         vp.open_session()
         if tool == "read_in":
@@ -267,19 +258,7 @@ def test_taint_sources_and_egress_sinks_match_the_listed_tool_in_any_case(tmp_pa
         .replace("sink_tools: [send]", "sink_tools: [Send]")
     )
     log = tmp_path / "server.jsonl"
-    vp = VisorProcess(
-        SERVER,
-        env={"TAINT_LOG": str(log)},
-        visor_args=[
-            "--server-name",
-            "files",
-            "--policy",
-            str(policy),
-            "--audit-log",
-            str(tmp_path / "audit.jsonl"),
-            "--no-group",
-        ],
-    )
+    vp = _files_visor(tmp_path, policy)
     try:
         vp.open_session()
         vp.request(_call(1, "read_file", {"req": {"path": str(secret)}}))
@@ -336,18 +315,7 @@ egress_controls:
     action: deny
 """
     )
-    vp = VisorProcess(
-        [str(go_fs)],
-        visor_args=[
-            "--server-name",
-            "files",
-            "--policy",
-            str(policy),
-            "--audit-log",
-            str(tmp_path / "audit.jsonl"),
-            "--no-group",
-        ],
-    )
+    vp = _files_visor(tmp_path, policy, [str(go_fs)])
     try:
         vp.open_session()
         vp.request(
@@ -425,19 +393,7 @@ def test_a_source_file_embedded_in_another_tools_result_taints_the_session(tmp_p
     policy.write_text(_policy(root))
     log = tmp_path / "server.jsonl"
     audit = tmp_path / "audit.jsonl"
-    vp = VisorProcess(
-        SERVER,
-        env={"TAINT_LOG": str(log), "TAINT_ROOT": str(root)},
-        visor_args=[
-            "--server-name",
-            "files",
-            "--policy",
-            str(policy),
-            "--audit-log",
-            str(audit),
-            "--no-group",
-        ],
-    )
+    vp = _files_visor(tmp_path, policy, TAINT_ROOT=str(root))
     try:
         vp.open_session()
         vp.request(_call(1, "find", {"term": "2026"}))

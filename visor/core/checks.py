@@ -616,31 +616,28 @@ class PolicyChecks(Checks):
 
     def on_client_request(self, msg: Message) -> RequestVerdict:
         params = msg.obj.get("params")
-        named: dict[str, Any] | None = params if type(params) is dict else None
-        if named is not None:
-            # The resource it names, as a server's URL parser reads it; for a completion, the
-            # template filled in (a file server completes a path by listing what it names).
-            uris = resource_uris(msg.method or "", named)
-            if uris:
-                named = {"params": named, "resources": list(uris)}
-        if named is not None and self._names_protected(named) is not None:
+        given: dict[str, Any] = params if type(params) is dict else {}
+        named = given
+        # The resource it names, as a server's URL parser reads it; for a completion, the
+        # template filled in (a file server completes a path by listing what it names).
+        uris = resource_uris(msg.method or "", given) if given else ()
+        if uris:
+            named = {"params": given, "resources": list(uris)}
+        if given and self._names_protected(named) is not None:
             # A resource read of a pending approval file would hand the agent the
             # hash an answer must carry; a completion would list the pending ones;
             # a request Visor knows nothing of reads what its server decides:
             # Visor's own files are nobody's resource, in any request.
             reason = "the request names Visor's own files (approval directory, audit log, pins or policy)"
             return self._refuse_request(msg, "visor.protected_path", reason)
-        if msg.method in ("resources/read", "resources/subscribe") and type(params) is dict:
-            uri = params.get("uri")
-            if type(uri) is str and (egress := self._resource_egress(uri)) is not None:
-                return self._refuse_request(msg, *egress)
+        uri = given.get("uri") if msg.method in ("resources/read", "resources/subscribe") else None
+        if type(uri) is str and (egress := self._resource_egress(uri)) is not None:
+            return self._refuse_request(msg, *egress)
         verdict = self.guard.client_request(msg)
-        if msg.method == "resources/read" and type(verdict) is not Refuse and type(params) is dict:
-            uri = params.get("uri")
-            if type(uri) is str:
-                # Raised before the read is relayed: a call pipelined behind it sees the taint.
-                for ev in self.session.record_resource_read(uri):
-                    self._append(self._session_record(ev))
+        if msg.method == "resources/read" and type(verdict) is not Refuse and type(uri) is str:
+            # Raised before the read is relayed: a call pipelined behind it sees the taint.
+            for ev in self.session.record_resource_read(uri):
+                self._append(self._session_record(ev))
         return verdict
 
     def _refuse_request(self, msg: Message, rule: str, reason: str) -> Refuse:

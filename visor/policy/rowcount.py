@@ -87,11 +87,11 @@ class _Uncertain(Exception):
 
 def query_rows_problem(query: str, limit: int) -> str | None:
     """Why ``query`` may return more than ``limit`` rows, or None when every statement of every
-    reading is bounded within it (or returns no rows)."""
-    return _problem(query, limit)
+    reading is bounded within it (or returns no rows). Short queries are answered from a cache
+    (a long one must not pin memory)."""
+    return _problem_cached(query, limit) if len(query) <= 4096 else _problem(query, limit)
 
 
-@lru_cache(maxsize=1024)
 def _problem(query: str, limit: int) -> str | None:
     for count in sql_limits(query):
         if count is None:
@@ -226,3 +226,6 @@ def _fetch_count(tokens: list[tuple[str, int]], i: int) -> int:
     if _word(tokens, after) != "only":
         raise _Uncertain("FETCH FIRST ... WITH TIES")
     return count
+
+
+_problem_cached = lru_cache(maxsize=1024)(_problem)

@@ -84,7 +84,14 @@ def read_query(query: str) -> QueryReading:
     return QueryReading(tuple(statements), tuple(codes), tuple(blanked))
 
 
-read_query_cached = lru_cache(maxsize=1024)(read_query)
+_read_query_lru = lru_cache(maxsize=1024)(read_query)
+# Only short queries are cached: a reading holds several copies of its query, and a thousand
+# huge ones kept would pin memory a client chose.
+_CACHED_QUERY_CHARS = 4096
+
+
+def read_query_cached(query: str) -> QueryReading:
+    return _read_query_lru(query) if len(query) <= _CACHED_QUERY_CHARS else read_query(query)
 
 
 def _read(q: str, d: Dialect) -> tuple[str, str, list[str]]:
