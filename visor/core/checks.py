@@ -559,7 +559,7 @@ class PolicyChecks(Checks):
             # the call's own arguments: a pack vouches for the answer only to the call it describes
             called = call.msg.arguments if call is not None and call.msg.arguments is not None else ()
             self.session.observe_output(tool, payload, error=outcome != "ok", called=called)
-            self._taint_by_contents(payload, tool)
+            self._taint_by_contents(payload, tool, response.raw)
         allow_seq: int | None = None
         duration_ms: float | None = None
         if call is not None and call.allow_seq is not None and call.started is not None:
@@ -586,8 +586,11 @@ class PolicyChecks(Checks):
             return self.guard.tool_result(tool, embedded) or embedded.raw
         return self.guard.tool_result(tool, response)
 
-    def _taint_by_contents(self, payload: dict[str, Any], tool: str | None) -> None:
-        # Before the answer is relayed: the client's next call is judged with the taint.
+    def _taint_by_contents(self, payload: dict[str, Any], tool: str | None, raw: bytes) -> None:
+        # Before the answer is relayed: the client's next call is judged with the taint. Most
+        # answers carry no resource: a "uri" member is spelled so in the bytes, or with a \u escape.
+        if b'"uri"' not in raw and b"\\u" not in raw:
+            return
         for ev in self.session.record_output_resources(payload, tool):
             self._append(self._session_record(ev))
 
@@ -689,7 +692,7 @@ class PolicyChecks(Checks):
         payload = obj.get("result", obj.get("error"))
         if type(payload) is dict:
             self.session.observe_output(None, payload)
-            self._taint_by_contents(payload, None)
+            self._taint_by_contents(payload, None, response.raw)
         embedded = self.guard.input_requests(method, response)
         if isinstance(embedded, bytes):
             return embedded
